@@ -1,0 +1,301 @@
+"""Node scoring for GPU pods: predict where the node's agent puts the pod, then rank the node.
+
+Shared by the scheduler extender and the trace simulator, so both measure one implementation.
+
+Prediction
+----------
+The node's agent chooses devices with its own policy (`NodeState.allocation_policy`) through
+one greedy loop; `common.allocation.pick_gpus` is that loop over counts. We replay the kubelet's
+order (see `common.podrequests`): containers one by one, init containers first, each taking
+from the pod's reusable pool (devices of finished init containers) before asking for more. For
+each resource the loop sees, per physical GPU, `total` and `available = total - allocated -
+unhealthy - already taken by this pod`, exactly the counts the agent's loop would see, so on a
+serial stream of pods the predicted physical GPUs are those the agent then reports. (Full,
+unreplicated GPUs take the topology-aware path on the node, which the published counts cannot
+replay: for them the prediction is only which GPUs are free, and may differ.)
+
+Feasibility (filter)
+--------------------
+A node fails when it publishes none of a requested resource, has fewer free devices of it than
+the pod needs (free replicas, free MIG instances of that profile), or enforces
+`failRequestsGreaterThanOne` on a replicated resource while a container asks for more than one.
+
+Score (prioritize), 0..10
+-------------------------
+With `landed` the devices the pod would take, three terms in 0..1:
+
+* `reuse`   — share of the pod's devices that create no new fragment: they land on GPUs
+              already in use (any resource), or on a free GPU the pod fills completely. A
+              partly used GPU is the fragment that strands later whole-GPU requests; a pod
+              that takes exactly a whole GPU's worth of replicas fragments nothing by landing
+              on a free one.
+* `gpu_use` — share of the node's physical GPUs in use after the pod lands.
+              Higher means the pod goes to fuller nodes, so whole nodes stay free.
+* `fit`     — how full the GPUs the pod lands on are afterwards (device-weighted mean of
+              (allocated + unhealthy + landed) / total). A tie-breaker: best fit.
+
+`packed = 0.6 reuse + 0.3 gpu_use + 0.1 fit`, scaled to 0..10 and rounded half up.
+`distributed` (and `spread`, which has no different cluster-level meaning) score
+`10 - packed`: the exact reverse, preferring empty GPUs and emptier nodes.
+
+The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
+filling nodes over opening new ones, then tight fit. Nodes without a published state are
+unknown: they pass the filter and score 0 (the lowest), so they are chosen only when nothing
+better is known. Kube-scheduler multiplies the score by weight x 10 and does not clamp, hence
+the hard 0..10 bound.
+
+Cost: one simulation is O(containers x n log m); the extender memoises per node state version
+and request shape (`NodeScorer`), so a prioritize over many nodes costs two dict lookups per
+node once warm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from common import allocation
+from common.podrequests import ContainerKind, PodRequest
+from common.policies import Policy, Sharing
+from common.state import GpuState, NodeState, ResourceState
+
+MAX_EXTENDER_PRIORITY = 10
+MIN_EXTENDER_PRIORITY = 0
+
+W_REUSE = 0.6
+W_GPU_USE = 0.3
+W_FIT = 0.1
+
+Placement = Mapping[str, tuple[str, ...]]  # resource -> physical GPU keys, one per device
+_EMPTY: Placement = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScore:
+    feasible: bool
+    score: int  # 0..10
+    reason: str  # why infeasible, or a short note on how the score came about
+    placement: Placement  # predicted: resource -> physical GPU keys (one entry per device)
+    # Infeasible whatever runs on the node (no such resource, failRequestsGreaterThanOne):
+    # preemption cannot help, which the filter reply tells the scheduler.
+    unresolvable: bool = False
+
+
+def _infeasible(reason: str, *, unresolvable: bool = False) -> NodeScore:
+    return NodeScore(False, MIN_EXTENDER_PRIORITY, reason, _EMPTY, unresolvable)
+
+
+NO_REQUEST = NodeScore(True, MIN_EXTENDER_PRIORITY, "pod requests no managed resources", _EMPTY)
+UNKNOWN_NODE = NodeScore(True, MIN_EXTENDER_PRIORITY, "no published NodeGpuState", _EMPTY)
+
+
+def _take(policy: Policy, pool: dict[str, int], size: int) -> dict[str, int]:
+    """Choose `size` devices out of the pod's reusable pool (counts per GPU)."""
+    if size >= sum(pool.values()):
+        return dict(pool)
+    # The kubelet takes any subset of the pool; which GPUs it holds does not change the node's
+    # counts, so any deterministic choice predicts as well as another.
+    loads = [allocation.GpuLoad(key, n, n) for key, n in sorted(pool.items())]
+    return allocation.pick_gpus(policy, loads, size)
+
+
+def _simulate(res: ResourceState, request: PodRequest, policy: Policy) -> dict[str, int] | NodeScore:
+    """Counts per GPU the pod ends up holding of `res`, or the infeasible score saying why."""
+    name = res.name
+    free = {g.key: g.free for g in res.gpus}
+    totals = {g.key: g.total for g in res.gpus}
+    held: dict[str, int] = {}
+    reusable: dict[str, int] = {}
+    for c in request.containers:
+        n = c.amount(name)
+        if n == 0:
+            continue
+        if res.fail_requests_greater_than_one and res.sharing is not Sharing.NONE and n > 1:
+            return _infeasible(
+                f"{name}: container {c.name!r} requests {n} replicas and the node sets "
+                f"failRequestsGreaterThanOne",
+                unresolvable=True,
+            )
+        reused = _take(policy, reusable, n) if reusable else {}
+        missing = n - sum(reused.values())
+        extra: dict[str, int] = {}
+        if missing:
+            loads = [allocation.GpuLoad(k, totals[k], free[k]) for k in totals]
+            try:
+                extra = allocation.pick_gpus(policy, loads, missing)
+            except allocation.AllocationError:
+                return _infeasible(
+                    f"{name}: not enough free devices: container {c.name!r} needs {n}, "
+                    f"node has {sum(free.values())} free"
+                )
+            for k, cnt in extra.items():
+                free[k] -= cnt
+                held[k] = held.get(k, 0) + cnt
+        if c.kind is ContainerKind.INIT:
+            # An init container's devices return to the pool when it ends; the reused ones
+            # are in it already.
+            for k, cnt in extra.items():
+                if cnt:
+                    reusable[k] = reusable.get(k, 0) + cnt
+        else:
+            # App containers and sidecars keep what they reuse: it leaves the pool.
+            for k, cnt in reused.items():
+                left = reusable.get(k, 0) - cnt
+                if left > 0:
+                    reusable[k] = left
+                else:
+                    reusable.pop(k, None)
+    return held
+
+
+def _round_half_up(x: float) -> int:
+    return int(x * MAX_EXTENDER_PRIORITY + 0.5)
+
+
+def score_node(state: NodeState, request: PodRequest, node_policy: Policy) -> NodeScore:
+    """Predict the pod's placement on this node and score the node under `node_policy`."""
+    if request.empty:
+        return NO_REQUEST
+    for name, total in request.totals:
+        res = state.resource(name)
+        if res is None:
+            return _infeasible(f"{name}: node publishes no such resource", unresolvable=True)
+        free = sum(g.free for g in res.gpus)
+        if free < total:
+            return _infeasible(f"{name}: not enough free devices: pod needs {total}, node has {free}")
+
+    placement: dict[str, tuple[str, ...]] = {}
+    landed: list[tuple[GpuState, int]] = []
+    for name, _ in request.totals:
+        res = state.resource(name)
+        assert res is not None  # checked above
+        held = _simulate(res, request, state.allocation_policy)
+        if isinstance(held, NodeScore):
+            return held
+        placement[name] = tuple(sorted(k for k, cnt in held.items() for _ in range(cnt)))
+        by_key = {g.key: g for g in res.gpus}
+        landed.extend((by_key[k], cnt) for k, cnt in held.items() if cnt)
+
+    used_before = {g.key for r in state.resources for g in r.gpus if g.allocated > 0}
+    all_gpus = {g.key for r in state.resources for g in r.gpus}
+    devices = 0
+    unfragmenting = 0
+    filled = 0.0
+    for g, cnt in landed:
+        devices += cnt
+        after = g.allocated + g.unhealthy + cnt
+        if g.key in used_before or after >= g.total:
+            unfragmenting += cnt
+        filled += cnt * (min(after / g.total, 1.0) if g.total else 1.0)
+    reuse = unfragmenting / devices if devices else 0.0
+    fit = filled / devices if devices else 0.0
+    used_after = used_before | {g.key for g, _ in landed}
+    gpu_use = len(used_after) / len(all_gpus) if all_gpus else 0.0
+    packed = W_REUSE * reuse + W_GPU_USE * gpu_use + W_FIT * fit
+    score = _round_half_up(packed if node_policy is Policy.PACKED else 1.0 - packed)
+    score = min(max(score, MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
+    reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
+    return NodeScore(True, score, reason, MappingProxyType(placement))
+
+
+def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
+    """The state after a pod takes `placement` (how assumed pods and the simulator count it).
+
+    Allocated counts are clamped to each GPU's total: a stale prediction must never make a
+    node look more than full.
+    """
+    if not placement:
+        return state
+    resources = []
+    for res in state.resources:
+        keys = placement.get(res.name)
+        if not keys:
+            resources.append(res)
+            continue
+        counts: dict[str, int] = {}
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+        gpus = []
+        for g in res.gpus:
+            n = counts.get(g.key, 0)
+            if n:
+                pods = g.pods if pod_uid in g.pods else (*g.pods, pod_uid)
+                g = replace(g, allocated=min(g.allocated + n, g.total), pods=pods)
+            gpus.append(g)
+        resources.append(replace(res, gpus=tuple(gpus)))
+    return replace(state, resources=tuple(resources))
+
+
+def remove_pod(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
+    """The state after a pod that held `placement` leaves (the simulator's pod end)."""
+    resources = []
+    for res in state.resources:
+        keys = placement.get(res.name, ())
+        counts: dict[str, int] = {}
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+        gpus = []
+        for g in res.gpus:
+            n = counts.get(g.key, 0)
+            if n or pod_uid in g.pods:
+                g = replace(
+                    g,
+                    allocated=max(g.allocated - n, 0),
+                    pods=tuple(p for p in g.pods if p != pod_uid),
+                )
+            gpus.append(g)
+        resources.append(replace(res, gpus=tuple(gpus)))
+    return replace(state, resources=tuple(resources))
+
+
+def placed_gpus(state: NodeState, pod_uid: str) -> dict[str, frozenset[str]]:
+    """Per resource, the physical GPUs the published state says the pod holds."""
+    out: dict[str, frozenset[str]] = {}
+    for res in state.resources:
+        keys = frozenset(g.key for g in res.gpus if pod_uid in g.pods)
+        if keys:
+            out[res.name] = keys
+    return out
+
+
+def placement_gpus(placement: Placement) -> dict[str, frozenset[str]]:
+    return {name: frozenset(keys) for name, keys in placement.items() if keys}
+
+
+class NodeScorer:
+    """Scores of one node state version, memoised per request shape.
+
+    Build a new one whenever the node's effective state changes; the old memo goes with it.
+    """
+
+    __slots__ = ("state", "version", "node_policy", "_memo")
+
+    def __init__(self, state: NodeState, node_policy: Policy, version: object = None) -> None:
+        self.state = state
+        self.version = version
+        self.node_policy = node_policy
+        self._memo: dict[str, NodeScore] = {}
+
+    def score(self, request: PodRequest) -> NodeScore:
+        hit = self._memo.get(request.shape)
+        if hit is None:
+            hit = self._memo[request.shape] = score_node(self.state, request, self.node_policy)
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+
+def best_node(
+    scorers: Iterable[tuple[str, NodeScorer]], request: PodRequest
+) -> tuple[str, NodeScore] | None:
+    """The feasible node with the highest score, ties by name (a simple scheduler stand-in)."""
+    best: tuple[str, NodeScore] | None = None
+    for name, scorer in scorers:
+        s = scorer.score(request)
+        if not s.feasible:
+            continue
+        if best is None or s.score > best[1].score or (s.score == best[1].score and name < best[0]):
+            best = (name, s)
+    return best

@@ -1,0 +1,244 @@
+"""Topology-aware choice of full GPUs: go-gpuallocator's best-effort policy, bounded.
+
+Objective (as upstream's `bestEffortPolicy.Allocate`): split the available GPUs into groups of
+`size`, the remainder (`len(available) % size` GPUs, upstream pads it with placeholders) forming
+one smaller group; a group scores the sum of its pair scores (PCIe level + NVLink count; pairs
+inside the remainder group count too). Among the partitions that have a full group holding every
+required GPU, take one with the highest total, and return its best-scoring full group holding the
+required GPUs. Taking the best partition rather than the best single group keeps good groups for
+later requests: on a hybrid cube mesh, the best pair for one request can break two good pairs.
+
+Differences from upstream, on purpose:
+
+* Never the remainder group: upstream's final filter does not exclude padded groups, so it can
+  return fewer GPUs than asked (placeholders stripped). We only ever return a full group.
+* Ties are broken deterministically (lowest available-order indices first), not by Go's
+  enumeration order, so on tie-sensitive inputs we may return another equally optimal group.
+
+Search (why it is fast enough): upstream enumerates every partition, tens of millions at 16 GPUs.
+We run a memoised dynamic programme over subsets instead: a state is the set of GPUs still to
+group (plus whether the remainder group is placed yet), and each step places the group holding
+the state's lowest GPU, so every partition is reached once and shared sub-problems are solved
+once. With required GPUs, they are renumbered first and the first group placed must hold them all.
+That is exact and takes about a millisecond at 8 GPUs. At 16 GPUs with middle sizes (3..7) the
+programme still needs 10^5..10^6 group evaluations, too slow for a 50 ms answer in Python, so it
+runs under a work budget (`EXACT_WORK_BUDGET`, about 20 ms). Over budget we
+answer from a deterministic heuristic instead, the documented approximation: build groups
+greedily (required GPUs first; each new group seeded by the best remaining pair, grown by the GPU
+adding the most score), then improve by swapping GPUs between groups while any swap raises the
+total (required GPUs stay in their group). Its result is a local optimum, usually the optimum on
+hierarchical (PCIe/NVLink) topologies; `tests/allocation` measures the gap on random scores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+
+# Work units the exact search may spend before handing over to the heuristic. A group evaluation
+# costs its pair count plus a fixed overhead (`_cost`); 250k units are about 20 ms of CPython.
+EXACT_WORK_BUDGET = 250_000
+
+
+def _cost(group_size: int) -> int:
+    return 6 + group_size * (group_size - 1) // 2
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def pair_score(pair_scores: Mapping[tuple[str, str], int], a: str, b: str) -> int:
+    """Symmetric lookup; a missing pair scores 0."""
+    score = pair_scores.get((a, b))
+    if score is None:
+        score = pair_scores.get((b, a), 0)
+    return score
+
+
+def group_score(pair_scores: Mapping[tuple[str, str], int], group: Sequence[str]) -> int:
+    return sum(pair_score(pair_scores, a, b) for a, b in itertools.combinations(group, 2))
+
+
+def best_effort(
+    pair_scores: Mapping[tuple[str, str], int],
+    available: Sequence[str],
+    required: Sequence[str],
+    size: int,
+    *,
+    work_budget: int = EXACT_WORK_BUDGET,
+) -> list[str]:
+    """`size` GPUs from `available` holding `required`, or `[]` when impossible.
+
+    Returns the required GPUs first (in the order given), then the others in `available` order.
+    """
+    avail = list(dict.fromkeys(available))
+    req = list(dict.fromkeys(required))
+    if size <= 0 or len(avail) < size or len(req) > size:
+        return []
+    avail_set = set(avail)
+    if any(gpu not in avail_set for gpu in req):
+        return []
+    # Renumber: required GPUs first, so the group holding GPU 0 is the one we return.
+    req_set = set(req)
+    order = req + [gpu for gpu in avail if gpu not in req_set]
+    n = len(order)
+    scores = [[0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            scores[i][j] = scores[j][i] = pair_score(pair_scores, order[i], order[j])
+
+    try:
+        chosen = _exact(scores, n, size, len(req), work_budget)
+    except _OverBudget:
+        chosen = _heuristic(scores, n, size, len(req))
+    picked = set(chosen)
+    return req + [gpu for i, gpu in enumerate(order) if i in picked and gpu not in req_set]
+
+
+def _group_value(scores: list[list[int]], members: Sequence[int]) -> int:
+    total = 0
+    for x, a in enumerate(members):
+        row = scores[a]
+        for b in members[x + 1 :]:
+            total += row[b]
+    return total
+
+
+def _exact(scores: list[list[int]], n: int, size: int, n_req: int, budget: int) -> list[int]:
+    """Indices of the chosen group, by the memoised subset programme (see the module doc)."""
+    remainder = n % size
+    # memo[(mask, remainder_placed)] = (best total, group mask, that group is the remainder)
+    memo: dict[tuple[int, bool], tuple[int, int, bool]] = {}
+    work = 0
+
+    def best(mask: int, placed: bool) -> int:
+        nonlocal work
+        if mask == 0:
+            return 0
+        hit = memo.get((mask, placed))
+        if hit is not None:
+            return hit[0]
+        low = (mask & -mask).bit_length() - 1
+        others = [j for j in range(low + 1, n) if mask >> j & 1]
+        row = scores[low]
+        best_total, best_group, best_is_rem = -(1 << 62), 0, False
+        sizes = (size,) if placed or remainder == 0 else (size, remainder)
+        work += sum(math.comb(len(others), s - 1) * _cost(s) for s in sizes)
+        if work > budget:
+            raise _OverBudget
+        for group_size in sizes:
+            is_rem = group_size != size
+            for combo in itertools.combinations(others, group_size - 1):
+                gain = 0
+                group = 1 << low
+                for x, a in enumerate(combo):
+                    gain += row[a]
+                    arow = scores[a]
+                    for b in combo[x + 1 :]:
+                        gain += arow[b]
+                    group |= 1 << a
+                total = gain + best(mask ^ group, placed or is_rem)
+                if total > best_total:
+                    best_total, best_group, best_is_rem = total, group, is_rem
+        memo[(mask, placed)] = (best_total, best_group, best_is_rem)
+        return best_total
+
+    full = (1 << n) - 1
+    if n_req:
+        # The first group holds GPU 0, a required one: enumerate only groups holding them all.
+        req_mask = (1 << n_req) - 1
+        free = list(range(n_req, n))
+        work += math.comb(len(free), size - n_req) * _cost(size)
+        if work > budget:
+            raise _OverBudget
+        best_key: tuple[int, int] | None = None
+        chosen: tuple[int, ...] = ()
+        for combo in itertools.combinations(free, size - n_req):
+            members = tuple(range(n_req)) + combo
+            group = req_mask
+            for a in combo:
+                group |= 1 << a
+            value = _group_value(scores, members)
+            key = (value + best(full ^ group, remainder == 0), value)
+            if best_key is None or key > best_key:
+                best_key, chosen = key, members
+        return list(chosen)
+
+    best(full, remainder == 0)
+    # Walk one optimal partition and return its best full group (upstream's second criterion).
+    mask, placed = full, remainder == 0
+    best_value: int | None = None
+    chosen_mask = 0
+    while mask:
+        _, group, is_rem = memo[(mask, placed)]
+        if not is_rem:
+            value = _group_value(scores, [i for i in range(n) if group >> i & 1])
+            if best_value is None or value > best_value:
+                best_value, chosen_mask = value, group
+        mask ^= group
+        placed = placed or is_rem
+    return [i for i in range(n) if chosen_mask >> i & 1]
+
+
+def _heuristic(scores: list[list[int]], n: int, size: int, n_req: int) -> list[int]:
+    """Greedy construction plus improving swaps; deterministic. Index 0.. n_req-1 are required."""
+    remainder = n % size
+    unassigned = list(range(n))
+    groups: list[list[int]] = []
+
+    def grow(group: list[int], target: int) -> None:
+        while len(group) < target:
+            pick = max(unassigned, key=lambda c: (sum(scores[c][m] for m in group), -c))
+            group.append(pick)
+            unassigned.remove(pick)
+
+    if n_req:
+        first = list(range(n_req))
+        unassigned = [i for i in unassigned if i >= n_req]
+        grow(first, size)
+        groups.append(first)
+    while len(unassigned) > remainder:
+        a, b = max(
+            itertools.combinations(unassigned, 2) if size > 1 else ((c, c) for c in unassigned),
+            key=lambda p: (scores[p[0]][p[1]], -p[0], -p[1]),
+        )
+        seed = [a] if a == b else [a, b]
+        for c in seed:
+            unassigned.remove(c)
+        grow(seed, size)
+        groups.append(seed)
+    full_groups = len(groups)
+    if unassigned:
+        groups.append(unassigned)  # the remainder group
+
+    locked = set(range(n_req))
+    improved = True
+    while improved:
+        improved = False
+        for ga, gb in itertools.combinations(range(len(groups)), 2):
+            for ia, a in enumerate(groups[ga]):
+                if a in locked:
+                    continue
+                for ib, b in enumerate(groups[gb]):
+                    if b in locked:
+                        continue
+                    rest_a = [m for m in groups[ga] if m != a]
+                    rest_b = [m for m in groups[gb] if m != b]
+                    delta = (
+                        sum(scores[b][m] - scores[a][m] for m in rest_a)
+                        + sum(scores[a][m] - scores[b][m] for m in rest_b)
+                    )
+                    if delta > 0:
+                        groups[ga][ia], groups[gb][ib] = b, a
+                        a = b
+                        improved = True
+
+    if n_req:
+        return sorted(groups[0])
+    best_group = max(
+        (sorted(g) for g in groups[:full_groups]),
+        key=lambda g: (_group_value(scores, g), [-i for i in g]),
+    )
+    return best_group

@@ -1,0 +1,441 @@
+"""What the extender knows about the cluster, rebuilt from the API on every start.
+
+* `ClusterView` (event loop thread only): the published `NodeGpuState` of every node, the GPU
+  pods bound to nodes, and the pods *assumed* on a node: bound (by our /bind, or seen by the
+  pod watch) but not yet counted by the node's agent. An assumed pod counts with its predicted
+  placement until the node's published pod UIDs include it or `assume_ttl` passes; when the
+  agent reports it, predicted and reported physical GPUs are compared
+  (`sharepack_extender_predictions_total`). Per node it keeps one `NodeScorer` for the
+  effective state (published + assumed), rebuilt on every change, so the request path is
+  dictionary lookups.
+* `Informer`: list + watch of one resource in a thread (the kubernetes client is blocking),
+  delivering to the loop with `call_soon_threadsafe`: periodic relist (resync), relist on 410
+  Gone, reconnect with capped exponential backoff. The request path never calls the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from common import podrequests, scoring
+from common.errors import RequestError, StateSchemaError
+from common.podrequests import PodRequest
+from common.policies import Policy
+from common.scoring import NodeScore, NodeScorer, Placement
+from common.state import NodeState, from_status
+from extender.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+RECENT_REQUESTS = 4096
+
+
+@dataclass(slots=True)
+class Assumed:
+    uid: str
+    node: str
+    placement: Placement
+    expires: float  # monotonic
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+class ClusterView:
+    def __init__(
+        self,
+        node_policy: Policy,
+        *,
+        metrics: Metrics | None = None,
+        assume_ttl: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+        managed: podrequests.Managed | None = None,
+    ) -> None:
+        self.node_policy = node_policy
+        self.metrics = metrics or Metrics()
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.managed = managed
+        self.scorers: dict[str, NodeScorer] = {}  # nodes with a usable published state
+        self.published: dict[str, tuple[str, NodeState]] = {}  # node -> (resourceVersion, state)
+        self.invalid: dict[str, str] = {}  # node -> why its state is unusable (treated unknown)
+        self.assumed: dict[str, Assumed] = {}
+        self._assumed_on: dict[str, set[str]] = {}  # node -> assumed pod UIDs
+        self._settled: set[str] = set()  # counted by the agent, or expired: never assumed again
+        self.pods: dict[str, str] = {}  # bound GPU pod UID -> node
+        self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
+        self._generation = 0
+
+    # -- NodeGpuState events ---------------------------------------------------------------
+
+    def replace_states(self, objects: list[Any]) -> None:
+        names = {str(_meta(o).get("name", "")) for o in objects if isinstance(o, Mapping)}
+        for gone in [n for n in (*self.published, *self.invalid) if n not in names]:
+            self._drop_state(gone)
+        for obj in objects:
+            self.upsert_state(obj)
+
+    def upsert_state(self, obj: Any) -> None:
+        if not isinstance(obj, Mapping):
+            return
+        meta = _meta(obj)
+        name = str(meta.get("name", ""))
+        if not name:
+            return
+        rv = str(meta.get("resourceVersion", ""))
+        try:
+            state = from_status(obj.get("status"), source=f"NodeGpuState {name} status")
+        except StateSchemaError as e:
+            # An agent too new or too old for us: the node is unknown, not infeasible.
+            if self.invalid.get(name) != str(e):
+                log.warning("ignoring the published state of node %s: %s", name, e)
+            self.invalid[name] = str(e)
+            self.published.pop(name, None)
+            self.scorers.pop(name, None)
+            return
+        self.invalid.pop(name, None)
+        self.published[name] = (rv, state)
+        for uid in list(self._assumed_on.get(name, ())):
+            reported = scoring.placed_gpus(state, uid)
+            if reported:
+                self._settle(uid, reported)
+        self._rebuild(name)
+
+    def delete_state(self, obj: Any) -> None:
+        if isinstance(obj, Mapping):
+            self._drop_state(str(_meta(obj).get("name", "")))
+
+    def _drop_state(self, name: str) -> None:
+        self.published.pop(name, None)
+        self.invalid.pop(name, None)
+        self.scorers.pop(name, None)
+
+    def _settle(self, uid: str, reported: Mapping[str, frozenset[str]]) -> None:
+        a = self._forget_assumed(uid)
+        self._settled.add(uid)
+        if a is None or not a.placement:
+            return
+        predicted = scoring.placement_gpus(a.placement)
+        match = all(reported.get(r, frozenset()) == keys for r, keys in predicted.items())
+        self.metrics.prediction(match)
+        if not match:
+            log.info(
+                "prediction missed for pod %s on node %s: predicted %s, agent reports %s",
+                uid, a.node, {r: sorted(k) for r, k in predicted.items()},
+                {r: sorted(k) for r, k in reported.items()},
+            )  # fmt: skip
+
+    def _rebuild(self, name: str) -> None:
+        entry = self.published.get(name)
+        if entry is None:
+            self.scorers.pop(name, None)
+            return
+        rv, state = entry
+        for uid in self._assumed_on.get(name, ()):
+            state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
+        self._generation += 1
+        self.scorers[name] = NodeScorer(state, self.node_policy, (rv, self._generation))
+
+    # -- pods ------------------------------------------------------------------------------
+
+    def replace_pods(self, objects: list[Any]) -> None:
+        present = set()
+        for obj in objects:
+            if isinstance(obj, Mapping):
+                present.add(str(_meta(obj).get("uid", "")))
+        # Assumed pods stay (a /bind can be newer than this list; the TTL bounds them).
+        for uid in [u for u in self.pods if u not in present]:
+            self.pods.pop(uid, None)
+            self._settled.discard(uid)
+        self._settled &= present | set(self.assumed)
+        for obj in objects:
+            self.upsert_pod(obj)
+
+    def upsert_pod(self, obj: Any) -> None:
+        try:
+            pod = podrequests.decode_pod(obj, self.managed)
+        except RequestError as e:
+            log.debug("ignoring an undecodable pod: %s", e)
+            return
+        if not pod.uid or not pod.node_name:
+            return
+        if pod.phase in TERMINAL_PHASES:
+            self.forget_pod(pod.uid)
+            return
+        request = podrequests.pod_request(pod, self.managed)
+        if request.empty:
+            return
+        self.pods[pod.uid] = pod.node_name
+        if pod.uid in self.assumed or pod.uid in self._settled:
+            return
+        entry = self.published.get(pod.node_name)
+        if entry is not None and scoring.placed_gpus(entry[1], pod.uid):
+            self._settled.add(pod.uid)  # already counted by its agent
+            return
+        self.assume(pod.uid, pod.node_name, request)
+
+    def delete_pod(self, obj: Any) -> None:
+        if isinstance(obj, Mapping):
+            self.forget_pod(str(_meta(obj).get("uid", "")))
+
+    def forget_pod(self, uid: str) -> None:
+        self.pods.pop(uid, None)
+        self._settled.discard(uid)
+        a = self._forget_assumed(uid)
+        if a is not None:
+            self._rebuild(a.node)
+
+    def _forget_assumed(self, uid: str) -> Assumed | None:
+        a = self.assumed.pop(uid, None)
+        if a is not None:
+            on = self._assumed_on.get(a.node)
+            if on is not None:
+                on.discard(uid)
+                if not on:
+                    del self._assumed_on[a.node]
+        return a
+
+    # -- assumptions -----------------------------------------------------------------------
+
+    def assume(self, uid: str, node: str, request: PodRequest) -> NodeScore | None:
+        """Count `request` on `node` with its predicted placement until the agent reports it."""
+        if uid in self.assumed or uid in self._settled:
+            return None
+        scorer = self.scorers.get(node)
+        predicted = scorer.score(request) if scorer is not None else None
+        placement = predicted.placement if predicted is not None and predicted.feasible else {}
+        self.assumed[uid] = Assumed(uid, node, placement, self.clock() + self.assume_ttl)
+        self._assumed_on.setdefault(node, set()).add(uid)
+        self._rebuild(node)
+        return predicted
+
+    def expire(self) -> int:
+        """Stop counting assumed pods older than the TTL; returns how many."""
+        now = self.clock()
+        late = [a for a in self.assumed.values() if a.expires <= now]
+        for a in late:
+            log.info("pod %s on node %s not reported by its agent in time: no longer counted",
+                     a.uid, a.node)  # fmt: skip
+            self._forget_assumed(a.uid)
+            self._settled.add(a.uid)
+        for node in {a.node for a in late}:
+            self._rebuild(node)
+        return len(late)
+
+    def remember(self, request: PodRequest) -> None:
+        """Keep the request of a pod being scheduled: /bind carries only its name and UID."""
+        if not request.uid or request.empty:
+            return
+        recent = self._recent
+        recent[request.uid] = request
+        recent.move_to_end(request.uid)
+        if len(recent) > RECENT_REQUESTS:
+            recent.popitem(last=False)
+
+    def recalled(self, uid: str) -> PodRequest | None:
+        return self._recent.get(uid)
+
+
+# --- list + watch -----------------------------------------------------------------------------
+
+ListCall = Callable[..., Any]  # a kubernetes client list function, bound to its resource
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    buf = b""
+    for chunk in resp.stream(65536):
+        buf += chunk
+        while True:
+            line, sep, rest = buf.partition(b"\n")
+            if not sep:
+                break
+            buf = rest
+            if line.strip():
+                yield line
+    if buf.strip():
+        yield buf
+
+
+class Informer:
+    """List + watch one resource type from a thread; handlers run on the event loop."""
+
+    def __init__(
+        self,
+        name: str,
+        list_call: ListCall,
+        *,
+        on_replace: Callable[[list[Any]], None],
+        on_event: Callable[[str, Any], None],
+        resync_s: float = 300.0,
+        watch_timeout_s: float = 60.0,
+        request_timeout_s: float = 10.0,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+    ) -> None:
+        self.name = name
+        self._list = list_call
+        self._on_replace = on_replace
+        self._on_event = on_event
+        self.resync_s = resync_s
+        self.watch_timeout_s = watch_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.synced = asyncio.Event()
+        self.lists = 0  # successful lists (initial, resync, recovery)
+        self.errors = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
+        self._resp: Any = None
+        self._thread: threading.Thread | None = None
+        self._done = asyncio.Event()
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stopping.set()
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()  # unblocks the thread's read at once
+            except Exception:  # noqa: BLE001 - best effort: the read times out anyway
+                log.debug("informer %s: shutting down the watch failed", self.name, exc_info=True)
+        await self._done.wait()
+        self._thread = None
+
+    # -- thread side -----------------------------------------------------------------------
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        assert loop is not None
+
+        def call() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("informer %s: handler failed; the next resync repairs the cache",
+                              self.name)  # fmt: skip
+
+        try:
+            loop.call_soon_threadsafe(call)
+        except RuntimeError:  # the loop is closed: we are shutting down
+            self._stopping.set()
+
+    def _run(self) -> None:
+        try:
+            self._loop_forever()
+        finally:
+            loop = self._loop
+            if loop is not None:
+                try:
+                    loop.call_soon_threadsafe(self._done.set)
+                except RuntimeError:
+                    pass
+
+    def _loop_forever(self) -> None:
+        rv: str | None = None
+        listed_at = 0.0
+        backoff = self.backoff_initial_s
+        while not self._stopping.is_set():
+            try:
+                if rv is None or time.monotonic() - listed_at >= self.resync_s:
+                    rv = self._relist()
+                    listed_at = time.monotonic()
+                left = self.resync_s - (time.monotonic() - listed_at)
+                timeout = max(1, int(min(self.watch_timeout_s, left)))
+                rv = self._watch(rv, timeout)
+                backoff = self.backoff_initial_s
+            except Exception as e:
+                if self._stopping.is_set():
+                    return
+                self.errors += 1
+                log.warning("informer %s: %s; retrying in %.1fs", self.name, e, backoff)
+                rv = None  # relist: events may have been missed
+                if self._stopping.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.backoff_max_s)
+
+    def _relist(self) -> str:
+        resp = self._list(_preload_content=False, _request_timeout=self.request_timeout_s)
+        doc = orjson.loads(resp.data)
+        items = doc.get("items") or []
+        rv = str(doc.get("metadata", {}).get("resourceVersion", ""))
+        self.lists += 1
+        self._post(self._on_replace, items)
+        if not self.synced.is_set():
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self.synced.set)
+        return rv
+
+    def _watch(self, rv: str, timeout: int) -> str | None:
+        """Stream events from `rv`; returns the last resource version, None to relist."""
+        resp = self._list(
+            watch=True,
+            resource_version=rv,
+            timeout_seconds=timeout,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=(self.request_timeout_s, timeout + self.request_timeout_s),
+        )
+        self._resp = resp
+        try:
+            if self._stopping.is_set():
+                return rv
+            for line in _lines(resp):
+                event = orjson.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    code = obj.get("code")
+                    if code == 410:  # our resource version is too old: start over
+                        return None
+                    raise RuntimeError(f"watch error {code}: {obj.get('message', '')}")
+                new_rv = _meta(obj).get("resourceVersion")
+                if new_rv:
+                    rv = str(new_rv)
+                if kind == "BOOKMARK":
+                    continue
+                self._post(self._on_event, str(kind), obj)
+                if self._stopping.is_set():
+                    break
+            return rv
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+
+def state_handler(view: ClusterView) -> Callable[[str, Any], None]:
+    def on_event(kind: str, obj: Any) -> None:
+        if kind == "DELETED":
+            view.delete_state(obj)
+        else:
+            view.upsert_state(obj)
+
+    return on_event
+
+
+def pod_handler(view: ClusterView) -> Callable[[str, Any], None]:
+    def on_event(kind: str, obj: Any) -> None:
+        if kind == "DELETED":
+            view.delete_pod(obj)
+        else:
+            view.upsert_pod(obj)
+
+    return on_event

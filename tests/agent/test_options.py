@@ -1,0 +1,62 @@
+"""Command line and environment: config flags pass through unparsed, process options resolve here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent import options
+from agent.errors import OptionsError
+from common.config import load_config
+from common.policies import MigStrategy, Policy
+
+
+def test_only_given_config_flags_reach_load_config_and_win_over_env() -> None:
+    opts = options.parse(
+        ["--shared-devices-allocation-policy", "packed", "--pass-device-specs", "--mig-strategy=mixed"],
+        {"SHARED_DEVICES_ALLOCATION_POLICY": "spread", "DEVICE_ID_STRATEGY": "index"},
+    )
+    assert dict(opts.config_flags) == {
+        "shared-devices-allocation-policy": "packed",
+        "pass-device-specs": "true",
+        "mig-strategy": "mixed",
+    }
+    config = load_config(file_text=None, env=opts.env, flags=opts.config_flags)
+    assert config.allocation_policy is Policy.PACKED, "flag beats env"
+    assert config.device_id_strategy == "index", "env applies where no flag is given"
+    assert config.mig_strategy is MigStrategy.MIXED
+    assert config.pass_device_specs is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "attr", "expected"),
+    [
+        pytest.param([], {}, "kubelet_socket", Path(options.DEFAULT_KUBELET_SOCKET), id="kubelet socket defaults to the kubelet's"),
+        pytest.param([], {"KUBELET_SOCKET": "/x/k.sock"}, "kubelet_socket", Path("/x/k.sock"), id="kubelet socket from env"),
+        pytest.param(["--kubelet-socket", "/y/k.sock"], {"KUBELET_SOCKET": "/x/k.sock"}, "kubelet_socket", Path("/y/k.sock"), id="flag beats env"),
+        pytest.param([], {"NODE_NAME": "gpu-7"}, "node_name", "gpu-7", id="node name from env as upstream"),
+        pytest.param(["--simulated-machine", "dgx-a100"], {}, "simulated_machine", "dgx-a100", id="simulated machine"),
+        pytest.param([], {"CONFIG_FILE": "/etc/c.yaml"}, "config_file", "/etc/c.yaml", id="config file from env"),
+        pytest.param(["--config-file", "/a.yaml"], {"CONFIG_FILE": "/b.yaml"}, "config_file", "/a.yaml", id="config file flag beats env"),
+        pytest.param(["--log-format=json"], {}, "log_format", "json", id="json logs"),
+        pytest.param([], {}, "unhealthy_recovery_s", 0.0, id="recovery off by default"),
+    ],
+)
+def test_process_options(argv: list[str], env: dict[str, str], attr: str, expected: object) -> None:
+    assert getattr(options.parse(argv, env), attr) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        pytest.param(["--log-format", "xml"], {}, "invalid --log-format option: xml (from --log-format", id="bad log format names the flag"),
+        pytest.param([], {"LOG_FORMAT": "xml"}, "(from env LOG_FORMAT", id="bad env value names the env var"),
+        pytest.param(["--unhealthy-recovery-seconds", "-1"], {}, "invalid --unhealthy-recovery-seconds option: -1", id="negative recovery"),
+        pytest.param(["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag", id="unknown flag"),
+    ],
+)
+def test_bad_options_say_what_and_where(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionsError, match=None) as info:
+        options.parse(argv, env)
+    assert message in str(info.value)
