@@ -17,13 +17,15 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from agent import nvml, options
 from agent.errors import OptionsError
-from agent.health import XidLike, XidPolicy
+from agent.health import XidPolicy
 from agent.running import Agent, Settings
 from common.config import Config, load_config
 from common.errors import SharepackError
+from common.inventory import Inventory
 
 log = logging.getLogger("agent")
 
@@ -84,32 +86,37 @@ def config_loader(opts: options.Options) -> Callable[[], Config]:
     return load
 
 
-def xid_source(lib: object, inventory: object) -> Callable[[int], XidLike | None]:
-    """A blocking `wait(timeout_ms)` over the NVML adapter's XID events."""
-    waiter = nvml.XidWaiter(lib, inventory)  # type: ignore[arg-type]
-
-    def wait(timeout_ms: int) -> XidLike | None:
-        return waiter.wait(timeout_ms)
-
-    return wait
-
-
 async def serve(opts: options.Options, config: Config) -> int:
     loop = asyncio.get_running_loop()
     try:
         lib = await asyncio.to_thread(nvml.load_library, opts.simulated_machine)
-        inventory = await asyncio.to_thread(nvml.read_inventory, lib)
-        wait = xid_source(lib, inventory)
-    except SharepackError as e:
+    except nvml.NvmlUnavailable as e:
         if config.fail_on_init_error:
-            log.error("cannot start: %s", e)
+            log.error("cannot start: %s (failOnInitError is true)", e)
             return 1
-        log.error("cannot start: %s; failOnInitError is false, so serving nothing until stopped", e)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        log.error("cannot start: %s; failOnInitError is false, so serving nothing until stopped", e)
         await stop.wait()
         return 0
+    try:
+        inventory = await asyncio.to_thread(nvml.read_inventory, lib)
+        watcher = await asyncio.to_thread(nvml.XidWatcher, lib)
+        try:
+            return await _serve_inventory(opts, config, inventory, watcher)
+        finally:
+            watcher.close()  # the XID task has let its last wait finish before it stopped
+    finally:
+        nvml.shutdown(lib)
+
+
+async def _serve_inventory(
+    opts: options.Options, config: Config, inventory: Inventory, watcher: nvml.XidWatcher
+) -> int:
+    loop = asyncio.get_running_loop()
+    for uuid, why in watcher.unwatched.items():
+        log.warning("no health checks for %s: %s", uuid, why)
     log.info(
         "found %d GPU(s): %s", len(inventory.gpus),
         ", ".join(f"{g.index}:{g.name}" + (" (MIG)" if g.mig_enabled else "") for g in inventory.gpus),
@@ -119,7 +126,7 @@ async def serve(opts: options.Options, config: Config) -> int:
         xid_policy=XidPolicy.from_env(opts.env),
         recovery_after_s=opts.unhealthy_recovery_s,
     )
-    agent = Agent(settings, config, inventory, wait_for_xid=wait, config_loader=config_loader(opts))
+    agent = Agent(settings, config, inventory, wait_for_xid=watcher.wait, config_loader=config_loader(opts))
     stops = 0
 
     def on_stop(signum: int) -> None:
@@ -135,9 +142,52 @@ async def serve(opts: options.Options, config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop, sig)
     loop.add_signal_handler(signal.SIGHUP, agent.request_reload)
-    await agent.run()
+    api = await kubernetes_api(opts)
+    try:
+        if api is not None and opts.node_name:
+            agent.supervise("publication", publication(agent, api, opts))
+        elif api is not None:
+            log.warning("no --node-name (NODE_NAME): not publishing this node's GPU state")
+        await agent.run()
+    finally:
+        if api is not None:
+            await api.close()
     log.info("stopped")
     return 0
+
+
+async def kubernetes_api(opts: options.Options) -> Any:
+    """An API client from --kubeconfig, else in-cluster config, else None (no API: the device
+    plugin still serves, nothing is published). A broken config is logged, never fatal."""
+    if not opts.kubeconfig and not opts.env.get("KUBERNETES_SERVICE_HOST"):
+        log.info("no Kubernetes API configured (no --kubeconfig, not in a cluster): publishing off")
+        return None
+    from kubernetes.aio import client as kclient  # noqa: PLC0415 - only runs that publish pay for it
+    from kubernetes.aio import config as kconfig  # noqa: PLC0415
+
+    try:
+        if opts.kubeconfig:
+            return await kconfig.new_client_from_config(config_file=opts.kubeconfig)  # type: ignore[no-untyped-call]
+        configuration = kclient.Configuration()
+        kconfig.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return kclient.ApiClient(configuration=configuration)
+    except Exception as e:  # noqa: BLE001 - any config problem: serve without publishing
+        where = opts.kubeconfig or "in-cluster config"
+        log.error("cannot use the Kubernetes API (%s): %s; publishing off, still serving", where, e)
+        return None
+
+
+async def publication(agent: Agent, api: Any, opts: options.Options) -> None:
+    from agent import configwatching, publishing  # noqa: PLC0415
+
+    source = None
+    if opts.node_config_configmap is not None:
+        namespace, name = opts.node_config_configmap
+        source = configwatching.ConfigSource(namespace, name, env=opts.env, flags=opts.config_flags)
+    assert opts.node_name is not None
+    await publishing.run_publication(
+        agent, api, opts.node_name, pod_resources_socket=opts.pod_resources_socket, config_source=source
+    )
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:

@@ -181,9 +181,17 @@ async def watch_xids(
 ) -> None:
     """Forever: wait (in a worker thread, NVML blocks) for the next XID event and report it.
 
-    The short timeout bounds how long a cancelled watcher's thread lingers after shutdown.
+    On cancellation the wait in flight is let finish (at most `timeout_ms`), so that no thread
+    is left inside NVML when the caller goes on to close the event set or shut NVML down.
     """
     while True:
-        event = await asyncio.to_thread(wait, timeout_ms)
+        pending = asyncio.ensure_future(asyncio.to_thread(wait, timeout_ms))
+        try:
+            event = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            await asyncio.wait([pending])
+            if not pending.cancelled():
+                pending.exception()  # retrieved: it no longer matters
+            raise
         if event is not None:
             on_event(event)

@@ -45,6 +45,9 @@ _PROCESS = (
              "the device plugin still serves, nothing is published"),
     _Process("simulated-machine", "SHAREPACK_SIMULATED_MACHINE", None,
              "run on the NVML simulator: a built-in machine name (dgx-a100, ...) or a YAML file"),
+    _Process("node-config-configmap", "SHAREPACK_NODE_CONFIG_CONFIGMAP", None,
+             "NAMESPACE/NAME of a ConfigMap of named config files; the node label "
+             "nvidia.com/device-plugin.config picks one, applied live"),
     _Process("log-format", "LOG_FORMAT", "text", "text or json"),
     _Process("unhealthy-recovery-seconds", "SHAREPACK_UNHEALTHY_RECOVERY_SECONDS", "0",
              "a device with no critical XID for this long becomes healthy again (0: never)"),
@@ -77,6 +80,7 @@ class Options:
     simulated_machine: str | None
     log_format: str
     unhealthy_recovery_s: float
+    node_config_configmap: tuple[str, str] | None = None  # (namespace, name)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -129,6 +133,15 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             f"invalid --unhealthy-recovery-seconds option: {raw_recovery} (from {origin}; "
             "want seconds >= 0)"
         ) from None
+    configmap: tuple[str, str] | None = None
+    raw_configmap, origin = process("node-config-configmap")
+    if raw_configmap:
+        namespace, _, name = raw_configmap.partition("/")
+        if not namespace or not name or "/" in name:
+            raise OptionsError(
+                f"invalid --node-config-configmap option: {raw_configmap} (from {origin}; want NAMESPACE/NAME)"
+            )
+        configmap = (namespace, name)
     kubelet_socket, _ = process("kubelet-socket")
     pod_resources, _ = process("pod-resources-socket")
     assert kubelet_socket is not None and pod_resources is not None  # they have defaults
@@ -145,5 +158,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         simulated_machine=process("simulated-machine")[0],
         log_format=log_format,
         unhealthy_recovery_s=recovery,
+        node_config_configmap=configmap,
         env=MappingProxyType(dict(env)),
     )

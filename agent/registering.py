@@ -25,6 +25,9 @@ from proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
+# gRPC's default reconnect backoff starts at 1 s: too slow to re-register within 2 s of a kubelet
+# that comes back while we wait for it.
+FAST_RECONNECT = (("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 500))
 VENDOR_DOMAIN = "nvidia.com/"
 
 
@@ -56,7 +59,7 @@ async def register(
         resource_name=resource_name,
         options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
     )
-    async with grpc.aio.insecure_channel(unix_target(kubelet_socket)) as channel:
+    async with grpc.aio.insecure_channel(unix_target(kubelet_socket), options=FAST_RECONNECT) as channel:
         stub = api_pb2_grpc.RegistrationStub(channel)
         try:
             await stub.Register(request, timeout=timeout, wait_for_ready=True)

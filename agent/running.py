@@ -24,7 +24,8 @@ Changes that bump the version: start, config applied, a device becoming unhealth
 an Allocate answered, servers restarted after a kubelet restart.
 
 Lifecycle: `await agent.run()` starts everything and returns once `agent.request_stop()` was
-called (graceful drain), or raises the first failure of a long-lived task.
+called (graceful drain), or raises the first failure of a long-lived task. Other long-lived
+tasks (publication) join the same supervisor with `agent.supervise(name, coro)`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent import health, registering, responses
 from agent.health import HealthBook, WaitForXid, XidLike, XidPolicy
@@ -220,8 +222,8 @@ class Agent:
 
     async def run(self) -> None:
         """Serve until `request_stop()` (then drain) or until a long-lived task fails."""
-        await self.start()
         try:
+            await self.start()
             stop = asyncio.ensure_future(self._stop_requested.wait())
             failed = asyncio.ensure_future(self._tasks.wait())
             try:
@@ -238,6 +240,11 @@ class Agent:
 
     def request_stop(self) -> None:
         self._stop_requested.set()
+
+    def supervise(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a long-lived task (e.g. publication) under the agent's supervisor: its failure
+        stops the agent like any other, and `run()` cancels it when the agent stops."""
+        self._tasks.spawn(name, coro)
 
     async def start(self) -> None:
         async with self._lock:
@@ -325,7 +332,8 @@ class Agent:
             self._book.retain(d.id for r in resources for d in r.devices)
             await self._start_servers()
         log.info(
-            "config applied: %s", ", ".join(f"{r.name}={len(r.devices)}" for r in resources) or "no resources",
+            "config applied (policy %s, mig strategy %s): %s", config.allocation_policy, config.mig_strategy,
+            ", ".join(f"{r.name}={len(r.devices)}" for r in resources) or "no resources",
         )
         self._notify()
 
@@ -347,6 +355,8 @@ class Agent:
             return False
         try:
             config = await asyncio.to_thread(self._config_loader)
+            for warning in config.warnings:
+                log.warning("config: %s", warning)
             await self.apply_config(config)
         except (ConfigError, ResourceError, OSError) as e:
             log.error("config reload failed, keeping the config in use: %s", e)

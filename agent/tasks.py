@@ -72,8 +72,9 @@ class Supervisor:
             failed.set_result(exc)
 
     async def wait(self) -> BaseException:
-        """The first failure among the tasks (blocks until one fails)."""
-        return await self._failure()
+        """The first failure among the tasks (blocks until one fails). Cancelling a waiter
+        leaves the supervisor able to report to others (the shared future is shielded)."""
+        return await asyncio.shield(self._failure())
 
     async def cancel(self, name: str) -> None:
         task = self._tasks.pop(name, None)
@@ -96,7 +97,7 @@ async def _cancel_and_wait(task: asyncio.Task[None]) -> None:
 
 
 async def _settle(task: asyncio.Task[None]) -> None:
-    # Wait for the task without re-raising its own outcome (already logged by the guard), but let
+    # Wait for the task without re-raising its own outcome (already logged by _judge), but let
     # a cancellation of *our* caller propagate.
     await asyncio.wait([task])
     if not task.cancelled():

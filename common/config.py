@@ -21,7 +21,8 @@ file is upstream NVIDIA k8s-device-plugin's format, so existing ConfigMaps keep 
     sharing:
       timeSlicing:                            # or `mps:` (the two are exclusive)
         renameByDefault: false                # serve replicas as `<name>.shared`
-        failRequestsGreaterThanOne: false     # reject a container asking for more than one replica
+        failRequestsGreaterThanOne: false     # reject a container asking for more than one
+                                              #   replica (default: false; true for mps)
         resources:
         - name: nvidia.com/gpu                # or nvidia.com/mig-<profile>
           replicas: 4
@@ -49,6 +50,8 @@ MPS`, ...), followed by where the value came from. Where we differ from upstream
 
 * every problem is reported at once (`ConfigError.problems`), not just the first;
 * an empty environment variable counts as unset;
+* replicas: time-slicing needs >= 1 (upstream rejects 0 too, but its text says ">= 0"), MPS
+  needs >= 2 (one MPS client per GPU shares nothing);
 * MPS does not require a CDI device-list strategy (our agent injects the MPS environment and
   mounts itself); timeSlicing and mps together are an error rather than mps silently winning;
 * `rename` on a shared resource is ignored with a warning, as upstream does; unknown keys are
@@ -118,7 +121,8 @@ class ReplicatedResource:
     name: str  # the resource to share: "nvidia.com/gpu" or "nvidia.com/mig-<profile>"
     replicas: int | None  # replicas of each selected device; None when only per_gpu selects
     devices: DeviceSelection = ALL
-    per_gpu: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # Mappings do not hash: left out of __hash__ (still compared), so configs stay hashable.
+    per_gpu: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +148,7 @@ class Config:
     mps: SharingConfig | None = None
     # Where each flag setting came from ("--mig-strategy", "env MIG_STRATEGY",
     # "config flags.migStrategy", "default"), for the "running with config" log line.
-    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -158,37 +162,40 @@ class Config:
         return Sharing.NONE if active is None else active.mode
 
     def describe(self) -> dict[str, object]:
-        """A plain, JSON-friendly view of the effective config (for logging it once at start)."""
-        def sharing(s: SharingConfig | None) -> object:
-            if s is None:
-                return None
-            return {
-                "renameByDefault": s.rename_by_default,
-                "failRequestsGreaterThanOne": s.fail_requests_greater_than_one,
-                "resources": [
-                    {
-                        "name": r.name,
-                        "replicas": r.replicas,
-                        "devices": list(r.devices) if isinstance(r.devices, tuple) else r.devices,
-                        "perGpu": dict(r.per_gpu),
-                    }
-                    for r in s.resources
-                ],
-            }
+        """The effective config in the file's own shape (plus `sources`), JSON-friendly: logged
+        once at start, and, without `sources`, a config file that loads back to this config."""
+        def sharing(s: SharingConfig) -> dict[str, object]:
+            resources: list[dict[str, object]] = []
+            for r in s.resources:
+                entry: dict[str, object] = {"name": r.name}
+                if r.replicas is not None:
+                    entry["replicas"] = r.replicas
+                    devices = r.devices
+                    entry["devices"] = list(devices) if isinstance(devices, tuple) else devices
+                if r.per_gpu:
+                    entry["perGpu"] = dict(r.per_gpu)
+                resources.append(entry)
+            return {"renameByDefault": s.rename_by_default,
+                    "failRequestsGreaterThanOne": s.fail_requests_greater_than_one,
+                    "resources": resources}
 
+        sections = {"timeSlicing": self.time_slicing, "mps": self.mps}
         return {
-            "migStrategy": str(self.mig_strategy),
-            "failOnInitError": self.fail_on_init_error,
-            "nvidiaDriverRoot": self.nvidia_driver_root,
-            "mpsRoot": self.mps_root,
-            "plugin": {
-                "passDeviceSpecs": self.pass_device_specs,
-                "deviceListStrategy": list(self.device_list_strategy),
-                "deviceIDStrategy": self.device_id_strategy,
-                "cdiAnnotationPrefix": self.cdi_annotation_prefix,
-                "sharedDevicesAllocationPolicy": str(self.allocation_policy),
+            "version": VERSION,
+            "flags": {
+                "migStrategy": str(self.mig_strategy),
+                "failOnInitError": self.fail_on_init_error,
+                "nvidiaDriverRoot": self.nvidia_driver_root,
+                "mpsRoot": self.mps_root,
+                "plugin": {
+                    "passDeviceSpecs": self.pass_device_specs,
+                    "deviceListStrategy": list(self.device_list_strategy),
+                    "deviceIDStrategy": self.device_id_strategy,
+                    "cdiAnnotationPrefix": self.cdi_annotation_prefix,
+                    "sharedDevicesAllocationPolicy": str(self.allocation_policy),
+                },
             },
-            "sharing": {"timeSlicing": sharing(self.time_slicing), "mps": sharing(self.mps)},
+            "sharing": {k: sharing(v) for k, v in sections.items() if v is not None},
             "sources": dict(self.sources),
         }
 
@@ -208,10 +215,12 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(_INT_TAG, re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver(_INT_TAG, re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"),
+                              list("-+0123456789"))
 _Loader.add_implicit_resolver(
     _FLOAT_TAG,
-    re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$"
+               r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
     list("-+0123456789."),
 )
 
@@ -472,14 +481,17 @@ def _sharing_section(mode: Sharing, where: str, raw: object, problems: list[str]
     for key in raw:
         if key not in _SHARING_KEYS:
             warnings.append(f"{where}.{key}: unknown key, ignored")
+    # failRequestsGreaterThanOne is unset-able upstream: time-slicing defaults it to false
+    # (backward compatible), MPS to true (its historical behaviour: one replica per container).
+    defaults = {"renameByDefault": False, "failRequestsGreaterThanOne": mode is Sharing.MPS}
     flags: dict[str, bool] = {}
-    for key in ("renameByDefault", "failRequestsGreaterThanOne"):
+    for key, default in defaults.items():
         value = raw.get(key)
         try:
-            flags[key] = False if value is None else _as_bool(value, from_text=False)
+            flags[key] = default if value is None else _as_bool(value, from_text=False)
         except _Bad as e:
             problems.append(f"{where}.{key}: {e}")
-            flags[key] = False
+            flags[key] = default
     raw_resources = raw.get("resources")
     if not raw_resources:
         problems.append(f"{where}: no resources specified")

@@ -117,7 +117,9 @@ def mig_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
     """The nvidia-caps minor of `gpu<gpu_minor>/gi<gi>/access` (ci None) or of
     `gpu<gpu_minor>/gi<gi>/ci<ci>/access`, in the driver's fixed numbering."""
     if not (0 <= gi < _GIS_PER_GPU) or (ci is not None and not 0 <= ci < _CIS_PER_GI):
-        raise ValueError(f"no nvidia-caps minor for gpu{gpu_minor}/gi{gi}/ci{ci}: out of range")
+        name = f"gpu{gpu_minor}/gi{gi}" + ("" if ci is None else f"/ci{ci}") + "/access"
+        raise ValueError(f"no nvidia-caps minor for {name}: GPU instance IDs run 0..14 and "
+                         "compute instance IDs 0..7")
     base = _FIRST_GPU_MINOR + gpu_minor * _MINORS_PER_GPU + gi * _MINORS_PER_GI
     return base if ci is None else base + 1 + ci
 
@@ -206,7 +208,8 @@ def _base_resources(inventory: Inventory, strategy: MigStrategy,
             base.setdefault(GPU_RESOURCE, []).append(_gpu_device(gpu))
             continue
         for mig in _sorted_migs(gpu):
-            name = GPU_RESOURCE if strategy is MigStrategy.SINGLE else MIG_RESOURCE_PREFIX + mig.profile
+            single = strategy is MigStrategy.SINGLE
+            name = GPU_RESOURCE if single else MIG_RESOURCE_PREFIX + mig.profile
             base.setdefault(name, []).append(_mig_device(gpu, mig, minors))
     return base
 
@@ -309,9 +312,10 @@ def _share(sharing: SharingConfig, base: dict[str, list[Device]]) -> list[Resour
                             f"the {len(rest)} unshared ones would be served under the same name")
             continue
         replicas = [rep for d in selected for rep in _replicas(d, counts[d.id])]
-        shared.append(Resource(name=name, sharing=sharing.mode, replicas=max(counts.values()),
-                               fail_requests_greater_than_one=sharing.fail_requests_greater_than_one,
-                               devices=tuple(replicas)))
+        shared.append(Resource(
+            name=name, sharing=sharing.mode, replicas=max(counts.values()),
+            fail_requests_greater_than_one=sharing.fail_requests_greater_than_one,
+            devices=tuple(replicas)))
         if rest:
             base[r.name] = rest
         else:
@@ -332,9 +336,6 @@ def build_resources(inventory: Inventory, config: Config, *,
     plain = [Resource(name=name, sharing=Sharing.NONE, replicas=1,
                       fail_requests_greater_than_one=False, devices=tuple(devices))
              for name, devices in base.items() if devices]
-    resources = sorted(plain + shared, key=lambda r: r.name)
-    names = [r.name for r in resources]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise ResourceError(f"resource name served twice: {', '.join(clashes)}")
-    return tuple(resources)
+    # Names cannot clash: base names are distinct, and a shared resource either replaces its
+    # base entry or (renamed) gets the `.shared` suffix, which no base name carries.
+    return tuple(sorted(plain + shared, key=lambda r: r.name))

@@ -44,14 +44,14 @@ class ApiBinder:
         self._timeout = timeout_s
 
     async def bind(self, args: BindingArgs) -> None:
-        body = {
+        body: Any = {
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": {"name": args.pod_name, "namespace": args.pod_namespace},
             "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
         }
         if args.pod_uid:
-            body["metadata"]["uid"] = args.pod_uid  # type: ignore[index]
+            body["metadata"]["uid"] = args.pod_uid
         try:
             # _preload_content=False: the client cannot deserialise the Status a binding
             # create answers with into a V1Binding.
@@ -71,7 +71,7 @@ class ApiBinder:
 
     async def get_pod(self, namespace: str, name: str) -> Any:
         try:
-            resp = await asyncio.to_thread(
+            resp: Any = await asyncio.to_thread(
                 self._core.read_namespaced_pod,
                 name,
                 namespace,

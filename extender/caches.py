@@ -77,6 +77,7 @@ class ClusterView:
         self.pods: dict[str, str] = {}  # bound GPU pod UID -> node
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
         self._generation = 0
+        self.on_change: Callable[[], None] | None = None  # called after every cache change
 
     # -- NodeGpuState events ---------------------------------------------------------------
 
@@ -86,6 +87,10 @@ class ClusterView:
             self._drop_state(gone)
         for obj in objects:
             self.upsert_state(obj)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def upsert_state(self, obj: Any) -> None:
         if not isinstance(obj, Mapping):
@@ -104,6 +109,7 @@ class ClusterView:
             self.invalid[name] = str(e)
             self.published.pop(name, None)
             self.scorers.pop(name, None)
+            self._changed()
             return
         self.invalid.pop(name, None)
         self.published[name] = (rv, state)
@@ -121,6 +127,7 @@ class ClusterView:
         self.published.pop(name, None)
         self.invalid.pop(name, None)
         self.scorers.pop(name, None)
+        self._changed()
 
     def _settle(self, uid: str, reported: Mapping[str, frozenset[str]]) -> None:
         a = self._forget_assumed(uid)
@@ -141,12 +148,13 @@ class ClusterView:
         entry = self.published.get(name)
         if entry is None:
             self.scorers.pop(name, None)
-            return
-        rv, state = entry
-        for uid in self._assumed_on.get(name, ()):
-            state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
-        self._generation += 1
-        self.scorers[name] = NodeScorer(state, self.node_policy, (rv, self._generation))
+        else:
+            rv, state = entry
+            for uid in self._assumed_on.get(name, ()):
+                state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
+            self._generation += 1
+            self.scorers[name] = NodeScorer(state, self.node_policy, (rv, self._generation))
+        self._changed()
 
     # -- pods ------------------------------------------------------------------------------
 
@@ -179,10 +187,12 @@ class ClusterView:
             return
         self.pods[pod.uid] = pod.node_name
         if pod.uid in self.assumed or pod.uid in self._settled:
+            self._changed()
             return
         entry = self.published.get(pod.node_name)
         if entry is not None and scoring.placed_gpus(entry[1], pod.uid):
             self._settled.add(pod.uid)  # already counted by its agent
+            self._changed()
             return
         self.assume(pod.uid, pod.node_name, request)
 
@@ -196,6 +206,8 @@ class ClusterView:
         a = self._forget_assumed(uid)
         if a is not None:
             self._rebuild(a.node)
+        else:
+            self._changed()
 
     def _forget_assumed(self, uid: str) -> Assumed | None:
         a = self.assumed.pop(uid, None)

@@ -165,6 +165,14 @@ class _RegistrationService(api_pb2_grpc.RegistrationServicer):
 
 
 class FakeKubelet:
+    """One node's kubelet, as device plugins and PodResources clients see it.
+
+    Lifecycle: `start`, `stop`, `restart` (or `async with`). Observation: `capacity`,
+    `allocatable`, `devices`, `healthy`, `updates`, `connected`, `plugin_options`,
+    `registrations`, `admissions`, `allocated`, and `wait_until` / `wait_for_resource` to await a
+    state. Pods: `admit_pod` (raises AdmissionError) and `remove_pod`.
+    """
+
     def __init__(
         self,
         root: Path,
@@ -375,17 +383,21 @@ class FakeKubelet:
         # Go's filepath.Join: the endpoint is always taken relative to the kubelet's directory.
         socket = Path(os.path.normpath(f"{self.device_plugin_dir}/{request.endpoint}"))
         channel = grpc.aio.insecure_channel(f"unix://{socket}", options=[("grpc.default_authority", "localhost")])
-        try:
-            await asyncio.wait_for(channel.channel_ready(), self._dial_timeout)
-        except TimeoutError:
-            await channel.close(None)
-            return DIAL_TIMEOUT_MESSAGE
         stub = api_pb2_grpc.DevicePluginStub(channel)
+        handed_over = False
         try:
-            options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=self._rpc_timeout)
-        except grpc.aio.AioRpcError as e:
-            await channel.close(None)
-            return f"failed to get device plugin options: {go_status(e)}"
+            try:
+                await asyncio.wait_for(channel.channel_ready(), self._dial_timeout)
+            except TimeoutError:
+                return DIAL_TIMEOUT_MESSAGE
+            try:
+                options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=self._rpc_timeout)
+            except grpc.aio.AioRpcError as e:
+                return f"failed to get device plugin options: {go_status(e)}"
+            handed_over = True
+        finally:
+            if not handed_over:  # refused, or the kubelet stopped mid-call
+                await channel.close(None)
         endpoint = _Endpoint(request.resource_name, socket, channel, stub, options)
         old = self._endpoints.get(request.resource_name)
         self._endpoints[request.resource_name] = endpoint
@@ -437,6 +449,8 @@ class FakeKubelet:
                 extra={"resource": endpoint.resource, "reason": reason},
             )
             self._notify()
+        # The kubelet disconnects a client whose stream ended; a later Register dials afresh.
+        await endpoint.channel.close(None)
 
     def _apply(self, endpoint: _Endpoint, response: api_pb2.ListAndWatchResponse) -> None:
         table = self._tables.setdefault(endpoint.resource, _Table())
@@ -636,6 +650,8 @@ class FakeKubelet:
         # allocatable (raised to what is already allocated) against all admitted pods' requests.
         healthy = self.allocatable()
         for resource, requested in effective_requests(pod).items():
+            if not validation.is_extended_resource_name(resource):
+                continue  # cpu, memory and the like: this fake node has room for any amount
             allocated = len(self._in_use(resource) | admission.held(resource))
             capacity = max(healthy.get(resource, 0), allocated)
             used = sum(effective_requests(a.pod).get(resource, 0) for a in self._admitted.values())

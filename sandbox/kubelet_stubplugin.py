@@ -8,7 +8,7 @@ the test asks for. Not a GPU plugin: the agent is that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +174,7 @@ class StubPlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreStartContainerResponse:
         self.calls.append(("PreStartContainer", request))
         return api_pb2.PreStartContainerResponse()
+
+
+# What the tests' `make_plugin` fixture is: StubPlugin's arguments, minus the directory.
+PluginFactory = Callable[..., Awaitable[StubPlugin]]

@@ -72,7 +72,7 @@ def _allocatable(node: Any) -> dict[str, int]:
     return out
 
 
-def _bound_usage(pods: Sequence[Any], api: kubernetes.client.ApiClient) -> dict[str, dict[str, int]]:
+def _bound_usage(pods: Sequence[Any], api: Any) -> dict[str, dict[str, int]]:
     usage: dict[str, dict[str, int]] = {}
     for pod in pods:
         if not pod.spec.node_name or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
@@ -93,8 +93,10 @@ class SchedulerDriver:
         *,
         seed: int = 0,
     ) -> None:
-        self._api = api
-        self._core = kubernetes.client.CoreV1Api(api)
+        self._api: Any = api
+        # The client's generated types make every field Optional; the sandbox reads them as the
+        # API server fills them, so it holds the client untyped.
+        self._core: Any = kubernetes.client.CoreV1Api(api)
         self._session = session
         self._extender = extender
         self._rng = random.Random(seed)

@@ -35,10 +35,18 @@ class Choice:
 Scorer = Callable[[Cluster, Request, IntArray, np.random.Generator], Choice]
 
 
-def pick_top(idx: IntArray, scores: IntArray, rng: np.random.Generator) -> int:
-    """Uniformly among the nodes with the highest score."""
+def pick_top(cluster: Cluster, idx: IntArray, scores: IntArray) -> int:
+    """Among the nodes with the highest score, the first in the cluster's node order.
+
+    The study's scheduler (a kube-scheduler fork) breaks ties by node order, and its nodes are
+    ordered by a seeded random permutation (a random prefix on each name). Uniform random tie
+    breaking instead spreads FGD's many equal scores over empty nodes and costs it about 5
+    points of allocation; node order reproduces the published figures.
+    """
     top = idx[scores == scores.max()]
-    return int(top[rng.integers(len(top))]) if len(top) > 1 else int(top[0])
+    if len(top) == 1:
+        return int(top[0])
+    return int(top[cluster.rank[top].argmin()])
 
 
 def best_fit_gpu(cluster: Cluster, node: int, req: Request) -> list[int]:
@@ -78,7 +86,7 @@ def dotprod_scores(cluster: Cluster, req: Request, idx: IntArray) -> IntArray:
 
 
 def score_dotprod(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
-    node = pick_top(idx, dotprod_scores(cluster, req, idx), rng)
+    node = pick_top(cluster, idx, dotprod_scores(cluster, req, idx))
     return Choice(node, best_fit_gpu(cluster, node, req))
 
 
@@ -92,7 +100,7 @@ def bestfit_scores(cluster: Cluster, req: Request, idx: IntArray) -> IntArray:
 
 
 def score_bestfit(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
-    node = pick_top(idx, bestfit_scores(cluster, req, idx), rng)
+    node = pick_top(cluster, idx, bestfit_scores(cluster, req, idx))
     return Choice(node, best_fit_gpu(cluster, node, req))
 
 
@@ -116,7 +124,7 @@ def packing_scores(cluster: Cluster, req: Request, idx: IntArray) -> IntArray:
 
 
 def score_packing(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
-    node = pick_top(idx, packing_scores(cluster, req, idx), rng)
+    node = pick_top(cluster, idx, packing_scores(cluster, req, idx))
     return Choice(node, best_fit_gpu(cluster, node, req))
 
 
@@ -135,7 +143,7 @@ def clustering_scores(cluster: Cluster, req: Request, idx: IntArray) -> IntArray
 
 
 def score_clustering(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
-    node = pick_top(idx, clustering_scores(cluster, req, idx), rng)
+    node = pick_top(cluster, idx, clustering_scores(cluster, req, idx))
     return Choice(node, best_fit_gpu(cluster, node, req))
 
 
@@ -181,7 +189,7 @@ def score_fgd(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Gene
     # Per node: its best placement, the lowest GPU index among equals (candidates come sorted).
     node_best = np.full(len(idx), -1, dtype=np.int64)
     np.maximum.at(node_best, pos, score)
-    node = pick_top(idx, node_best, rng)
+    node = pick_top(cluster, idx, node_best)
     if not req.shared:
         return Choice(node, cluster.first_free(node, req.num_gpu))
     here = np.flatnonzero(idx == node)[0]

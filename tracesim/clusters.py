@@ -70,8 +70,10 @@ def requests_of(pods: PodList) -> list[Request]:
 
 
 class Cluster:
-    def __init__(self, nodes: NodeList, frag_model: FragModel) -> None:
+    def __init__(self, nodes: NodeList, frag_model: FragModel, rank: IntArray | None = None) -> None:
         self.nodes = nodes
+        # Node order for breaking score ties (lower first); identity when not given.
+        self.rank: IntArray = np.arange(len(nodes), dtype=np.int64) if rank is None else rank
         self.model = frag_model
         n = len(nodes)
         self.size = n

@@ -52,8 +52,8 @@ def replay(
     progress: Progress | None = None,
 ) -> RunResult:
     started = time.perf_counter()
-    cluster = Cluster(nodes, frag_model)
     rng = np.random.default_rng([seed, 1])
+    cluster = Cluster(nodes, frag_model, rank=rng.permutation(len(nodes)).astype(np.int64))
     sequence = requests_of(pods.take(order))
     events = len(sequence) + 1
     arrived = np.zeros(events, dtype=np.int64)

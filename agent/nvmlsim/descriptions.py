@@ -222,7 +222,8 @@ class _Parser:
         if not isinstance(raw_gpus, list) or not raw_gpus:
             self.fail("gpus", f"must be a non-empty list, got {_show(raw_gpus)}")
             raw_gpus = []
-        gpus = [self.gpu(name, i, g, default_product) for i, g in enumerate(raw_gpus)]
+        gpus = [self.gpu(name, i, g, default_product, "product" in top)
+                for i, g in enumerate(raw_gpus)]
         remotes = self.links(top, gpus)
         self.unique(gpus)
         if self.problems:
@@ -240,7 +241,9 @@ class _Parser:
         return Machine(name, self.source, description, driver_version, cuda,
                        init_error if isinstance(init_error, str) else None, done)
 
-    def gpu(self, machine: str, index: int, raw: object, default: Product | None) -> GpuSpec | None:
+    def gpu(
+        self, machine: str, index: int, raw: object, default: Product | None, has_default: bool
+    ) -> GpuSpec | None:
         where = f"gpus[{index}]"
         known = ("pci_bus_id", "numa_node", "pcie_path", "product", "uuid", "minor", "board", "mig")
         fields = self.mapping(raw, where, known)
@@ -250,7 +253,8 @@ class _Parser:
         if "product" in fields:
             product = self.product(fields["product"], f"{where}.product")
         elif default is None:
-            self.fail(f"{where}.product", "missing (and no top-level product)")
+            if not has_default:  # a bad top-level product is reported once, above
+                self.fail(f"{where}.product", "missing (and no top-level product)")
             product = None
         else:
             product = default
@@ -272,7 +276,8 @@ class _Parser:
         if board is not None and not isinstance(board, str):
             self.fail(f"{where}.board", f"must be a string, got {_show(board)}")
             ok = False
-        mig_enabled, instances = False, ()
+        mig_enabled = False
+        instances: tuple[MigInstance, ...] = ()
         if "mig" in fields and product is not None:
             mig_enabled, instances = self.mig(fields["mig"], f"{where}.mig", product, str(uuid))
         if product is None or bus_id is None or minor is None or not ok:

@@ -15,7 +15,8 @@ are the real `pynvml.NVMLError_*` classes, raised where NVML documents them:
 * `nvmlEventSetWait[_v2]` raises `NVMLError_Timeout` when nothing arrives in time.
 
 Constants (`NVML_*`, `nvmlEventType*`) and error classes are served from pynvml itself, so
-`lib.NVML_FEATURE_ENABLED` works on both.
+`lib.NVML_FEATURE_ENABLED` works on both. Only the calls defined below are simulated (each with
+pynvml's parameter names and defaults, checked by tests/nvml); any other raises AttributeError.
 
 XID injection, for tests and demos:
 
@@ -24,7 +25,7 @@ XID injection, for tests and demos:
 * from another process: a control file (`control_file=`, or `SHAREPACK_NVMLSIM_CONTROL` via
   `agent.nvml.load_library`) that the simulator tails while an event wait is in progress. One
   command a line, `#` starts a comment; lines are read once each, appended lines are picked up
-  within ~50 ms:
+  within ~20 ms:
 
       xid <GPU-uuid|MIG-uuid> <xid> [<gi> <ci>]
 
@@ -34,6 +35,7 @@ XID injection, for tests and demos:
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from collections import deque
@@ -49,14 +51,14 @@ from agent.nvmlsim.products import MigProfile
 
 CONTROL_ENV = "SHAREPACK_NVMLSIM_CONTROL"
 NO_INSTANCE = 0xFFFFFFFF  # GI/CI ID in event data for a whole-GPU event
-SUPPORTED_EVENTS = (
+SUPPORTED_EVENTS: int = (
     pynvml.nvmlEventTypeSingleBitEccError
     | pynvml.nvmlEventTypeDoubleBitEccError
     | pynvml.nvmlEventTypePState
     | pynvml.nvmlEventTypeXidCriticalError
     | pynvml.nvmlEventTypeClock
 )
-_CONTROL_POLL_S = 0.05
+_CONTROL_POLL_S = 0.02
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -92,13 +94,12 @@ class _EventSet:
 
 
 def _requires_init(fn: _F) -> _F:
+    @functools.wraps(fn)  # keeps pynvml's parameter names visible to inspect.signature
     def wrapper(self: SimulatedNvml, *args: Any, **kwargs: Any) -> Any:
         if self._refcount <= 0:
             raise pynvml.NVMLError_Uninitialized()
         return fn(self, *args, **kwargs)
 
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
     return wrapper  # type: ignore[return-value]
 
 
@@ -354,8 +355,8 @@ class SimulatedNvml:
         return gpu.spec.product.compute_capability
 
     @_requires_init
-    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
-        return self._gpu(handle).spec.product.architecture
+    def nvmlDeviceGetArchitecture(self, device: Any) -> int:
+        return self._gpu(device).spec.product.architecture
 
     @_requires_init
     def nvmlDeviceGetMemoryAffinity(self, handle: Any, nodeSetSize: int, scope: int) -> Any:
@@ -559,13 +560,12 @@ class SimulatedNvml:
         return int(pynvml.NVML_FEATURE_DISABLED)
 
     @_requires_init
-    def nvmlDeviceGetNvLinkRemotePciInfo_v2(self, device: Any, link: int) -> Any:
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> Any:
         spec = self._link(device, link)
         if link >= len(spec.nvlink_remotes):
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)  # an inactive link has no remote end
         return _pci_info(spec.nvlink_remotes[link])
 
-    nvmlDeviceGetNvLinkRemotePciInfo = nvmlDeviceGetNvLinkRemotePciInfo_v2
 
     @_requires_init
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox.kubelet import FakeKubelet
-from sandbox.kubelet_stubplugin import RESOURCE, StubPlugin, dev
+from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
 
 @pytest.fixture
 def root() -> Iterator[Path]:
@@ -30,9 +30,6 @@ async def kubelet(root: Path) -> AsyncIterator[FakeKubelet]:
         yield fake
     finally:
         await fake.stop()
-
-
-PluginFactory = Callable[..., Awaitable[StubPlugin]]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from sandbox import kubelet_validation as validation
 from sandbox.kubelet import FakeKubelet
-from sandbox.kubelet_stubplugin import RESOURCE, StubPlugin, dev
+from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
 
 
 @pytest.mark.parametrize(
@@ -42,9 +42,9 @@ def test_extended_resource_names_follow_the_kubelet(name: str, valid: bool) -> N
 
 
 async def test_registration_lists_devices_and_records_the_request(
-    kubelet: FakeKubelet, make_plugin: object
+    kubelet: FakeKubelet, make_plugin: PluginFactory
 ) -> None:
-    plugin: StubPlugin = await make_plugin(devices=[dev("a"), dev("b", healthy=False)])  # type: ignore[operator]
+    plugin: StubPlugin = await make_plugin(devices=[dev("a"), dev("b", healthy=False)])
     await plugin.register(kubelet.socket_path)
     await kubelet.wait_for_resource(RESOURCE)
 
@@ -87,9 +87,9 @@ async def test_registration_lists_devices_and_records_the_request(
     ],
 )
 async def test_invalid_registrations_fail_with_unknown_and_the_kubelet_text(
-    kubelet: FakeKubelet, make_plugin: object, version: str, resource: str, message: str
+    kubelet: FakeKubelet, make_plugin: PluginFactory, version: str, resource: str, message: str
 ) -> None:
-    plugin: StubPlugin = await make_plugin(devices=[dev("a")])  # type: ignore[operator]
+    plugin: StubPlugin = await make_plugin(devices=[dev("a")])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await plugin.register(kubelet.socket_path, version=version, resource=resource)
 
@@ -100,13 +100,14 @@ async def test_invalid_registrations_fail_with_unknown_and_the_kubelet_text(
     assert kubelet.registrations[-1].error == message
 
 
-async def test_register_returns_only_after_the_options_were_served(kubelet: FakeKubelet, make_plugin: object) -> None:
-    plugin: StubPlugin = await make_plugin(devices=[dev("a")])  # type: ignore[operator]
+async def test_register_returns_only_after_the_options_were_served(kubelet: FakeKubelet, make_plugin: PluginFactory) -> None:
+    plugin: StubPlugin = await make_plugin(devices=[dev("a")])
     plugin.options_gate = asyncio.Event()
     registering = asyncio.create_task(plugin.register(kubelet.socket_path))
 
     await asyncio.wait_for(plugin.options_called.wait(), 5)
-    # The kubelet is inside Register, waiting on the plugin: no answer yet.
+    # The kubelet is inside Register, waiting on the plugin: no answer yet (give the reply,
+    # were there one, time to arrive; this checks an absence, nothing waits on it).
     await asyncio.sleep(0.05)
     assert not registering.done()
     assert not kubelet.connected(RESOURCE)
@@ -127,8 +128,8 @@ async def test_plugin_not_serving_fails_registration_with_dial_error(kubelet: Fa
     assert not kubelet.connected(RESOURCE)
 
 
-async def test_options_failure_fails_registration(kubelet: FakeKubelet, make_plugin: object) -> None:
-    plugin: StubPlugin = await make_plugin(devices=[dev("a")])  # type: ignore[operator]
+async def test_options_failure_fails_registration(kubelet: FakeKubelet, make_plugin: PluginFactory) -> None:
+    plugin: StubPlugin = await make_plugin(devices=[dev("a")])
     plugin.options_error = grpc.StatusCode.INTERNAL
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -140,20 +141,20 @@ async def test_options_failure_fails_registration(kubelet: FakeKubelet, make_plu
 
 
 async def test_endpoint_is_a_file_name_joined_to_the_kubelet_directory(
-    kubelet: FakeKubelet, make_plugin: object
+    kubelet: FakeKubelet, make_plugin: PluginFactory
 ) -> None:
-    plugin: StubPlugin = await make_plugin(devices=[dev("a")])  # type: ignore[operator]
+    plugin: StubPlugin = await make_plugin(devices=[dev("a")])
     # Go's filepath.Join keeps even an absolute-looking endpoint inside the directory.
     await plugin.register(kubelet.socket_path, endpoint="/stub.sock")
     await kubelet.wait_for_resource(RESOURCE)
     assert kubelet.capacity() == {RESOURCE: 1}
 
 
-async def test_re_registration_replaces_the_endpoint(kubelet: FakeKubelet, make_plugin: object) -> None:
-    first: StubPlugin = await make_plugin(devices=[dev("a"), dev("b")], socket_name="one.sock")  # type: ignore[operator]
+async def test_re_registration_replaces_the_endpoint(kubelet: FakeKubelet, make_plugin: PluginFactory) -> None:
+    first: StubPlugin = await make_plugin(devices=[dev("a"), dev("b")], socket_name="one.sock")
     await first.register(kubelet.socket_path)
     await kubelet.wait_for_resource(RESOURCE)
-    second: StubPlugin = await make_plugin(devices=[dev("c")], socket_name="two.sock")  # type: ignore[operator]
+    second: StubPlugin = await make_plugin(devices=[dev("c")], socket_name="two.sock")
 
     await second.register(kubelet.socket_path)
     await kubelet.wait_until(lambda: set(kubelet.devices(RESOURCE)) == {"c"}, what="second plugin's list")

@@ -1,0 +1,411 @@
+"""Publish this node's per-GPU state as its `NodeGpuState` object, promptly and cheaply.
+
+Inputs, each feeding one "something may have changed" signal:
+* the agent (`Agent.wait_changed`): an Allocate answered, health, a config applied;
+* the kubelet's PodResources API, polled every `poll_interval_s` and right after each agent
+  change (plus `settle_s`, because the kubelet records a pod's devices after our Allocate
+  returns) -- the only way to notice that a pod released its devices;
+* the pods bound to this node, watched in the API, for namespace/name -> UID (PodResources names
+  pods only by namespace and name).
+
+The writer turns the signal into writes: it waits `debounce_s` after the first change (a burst of
+pod starts becomes one write), never writes twice within `min_interval_s`, and writes only if the
+content (everything but `observedAt`) differs from what it last wrote. At the defaults a change is
+published within about 0.2 s, and in any case within `settle_s + debounce_s + min_interval_s`
+(under 1 s) of the agent noticing it.
+
+The object is created when missing, owned by the Node (so it goes when the Node goes; the
+ownerReference needs the Node's uid, read from the API), and only its `/status` is written after
+that. Failures never reach the device plugin: the writer retries with exponential back-off and,
+when the API answers again, writes the state as it is *then*. Every `resync_s` it reads the
+object back and rewrites it if it is gone or differs (someone deleted or edited it).
+
+Devices the agent allocated after the last PodResources read began (less `settle_s`) count as
+allocated even if that read did not show them yet; a pod the kubelet then rejects drops out at
+the next read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+from kubernetes.aio import client as kclient
+
+from agent import configwatching
+from agent.kubewatching import Key, Obj, Reflector
+from agent.podresources import PodResourcesClient, PodResourcesError
+from agent.running import Snapshot
+from agent.tasks import Supervisor
+from common import state as schema
+from common import statebuilding
+from common.config import Config
+from common.state import NodeState
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+MANAGED_BY = "sharepack-agent"
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSettings:
+    debounce_s: float = 0.1  # wait after the first change, so a burst becomes one write
+    min_interval_s: float = 0.5  # at most one write per this interval
+    poll_interval_s: float = 0.25  # PodResources List period (the kubelet allows 100 qps)
+    settle_s: float = 0.05  # after an agent change, before reading PodResources
+    retry_initial_s: float = 0.2
+    retry_max_s: float = 5.0
+    resync_s: float = 30.0  # read the object back this often; rewrite it if gone or edited
+    request_timeout_s: float = 5.0
+    agent_version: str = AGENT_VERSION
+
+
+class AgentView(Protocol):
+    """What publishing and config watching need from `agent.running.Agent`."""
+
+    @property
+    def config(self) -> Config: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    async def wait_changed(self, after: int) -> Snapshot: ...
+
+    async def apply_config(self, config: Config) -> None: ...
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def is_api_outage(exc: BaseException) -> bool:
+    """Errors after which we retry later: the API is away, slow, or refusing for now."""
+    if isinstance(exc, kclient.ApiException):
+        return exc.status is None or exc.status in (409, 429) or int(exc.status) >= 500
+    return isinstance(exc, aiohttp.ClientError | OSError | TimeoutError)
+
+
+class PodIndex:
+    """namespace/name -> UID of the pods bound to this node, from a watch."""
+
+    def __init__(self, api: kclient.ApiClient, node_name: str, on_change: Callable[[], None]) -> None:
+        core = kclient.CoreV1Api(api)
+        self._on_change = on_change
+        self.uids: dict[tuple[str, str], str] = {}
+        self.reflector = Reflector(
+            functools.partial(
+                core.list_pod_for_all_namespaces_without_preload_content,
+                field_selector=f"spec.nodeName={node_name}",
+            ),
+            what=f"pods on node {node_name}",
+            on_change=self._changed,
+        )
+
+    def _changed(self, cache: Mapping[Key, Obj]) -> None:
+        uids = {key: str(obj["metadata"].get("uid", "")) for key, obj in cache.items()}
+        if uids != self.uids:
+            gone = self.uids.keys() - uids.keys()
+            self.uids = uids
+            self._on_change()
+            if gone:
+                log.debug("pods left node: %s", ", ".join(f"{ns}/{n}" for ns, n in sorted(gone)))
+
+    async def run(self) -> None:
+        await self.reflector.run()
+
+
+class Publisher:
+    def __init__(
+        self,
+        agent: AgentView,
+        api: kclient.ApiClient,
+        node_name: str,
+        pod_resources: PodResourcesClient,
+        settings: PublishSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.agent = agent
+        self.node_name = node_name
+        self.settings = settings or PublishSettings()
+        self._custom = kclient.CustomObjectsApi(api)
+        self._core = kclient.CoreV1Api(api)
+        self._pod_resources = pod_resources
+        self._clock = clock
+        self.pods = PodIndex(api, node_name, self._mark_dirty_and_poll)
+        self._dirty = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._listed = asyncio.Event()
+        self._listing: tuple[statebuilding.PodDevices, ...] = ()
+        self._allocatable: Mapping[str, frozenset[str]] = {}
+        self._list_started = float("-inf")
+        self._object: dict[str, Any] | None = None
+        self.published: NodeState | None = None
+        self.writes = 0
+        self.write_failures = 0
+        self.published_changed = asyncio.Event()  # set after every successful write (tests)
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _mark_dirty(self) -> None:
+        self._dirty.set()
+
+    def _mark_dirty_and_poll(self) -> None:
+        self._dirty.set()
+        self._kick.set()
+
+    # -- the state -------------------------------------------------------------------------
+
+    def current_state(self) -> NodeState:
+        snap = self.agent.snapshot()
+        cutoff = self._list_started - self.settings.settle_s
+        recent: dict[str, set[str]] = {}
+        for alloc in snap.allocations:
+            if alloc.at > cutoff:
+                recent.setdefault(alloc.resource, set()).update(alloc.device_ids)
+        return statebuilding.build_node_state(
+            resources=snap.resources,
+            unhealthy=self._unhealthy(snap),
+            pods=self._listing,
+            pod_uids=self.pods.uids,
+            allocation_policy=snap.config.allocation_policy,
+            mig_strategy=snap.config.mig_strategy,
+            agent_version=self.settings.agent_version,
+            observed_at=now_rfc3339(),
+            recently_allocated=recent,
+        )
+
+    def _unhealthy(self, snap: Snapshot) -> Collection[str]:
+        # A device the kubelet does not offer (its resource is known to the kubelet, the device
+        # is not in its allocatable list) is as good as unhealthy for a scheduler.
+        sick = set(snap.unhealthy)
+        for res in snap.resources:
+            offered = self._allocatable.get(res.name)
+            if offered:
+                sick.update(d.id for d in res.devices if d.id not in offered)
+        return sick
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        tasks = Supervisor(f"publisher {self.node_name}")
+        tasks.spawn("publish:pods-watch", self.pods.run())
+        tasks.spawn("publish:agent-follow", self._follow_agent())
+        tasks.spawn("publish:podresources-poll", self._poll_pod_resources())
+        tasks.spawn("publish:write", self._write_forever())
+        try:
+            raise await tasks.wait()
+        finally:
+            await tasks.stop()
+
+    async def _follow_agent(self) -> None:
+        version = self.agent.snapshot().version
+        while True:
+            snap = await self.agent.wait_changed(version)
+            version = snap.version
+            self._mark_dirty_and_poll()
+
+    async def _poll_pod_resources(self) -> None:
+        failing = False
+        while True:
+            try:
+                await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval_s)
+                await asyncio.sleep(self.settings.settle_s)
+            except TimeoutError:
+                pass
+            self._kick.clear()
+            started = self._clock()
+            try:
+                listing = await self._pod_resources.list()
+                allocatable = await self._pod_resources.allocatable()
+            except PodResourcesError as e:
+                if not failing:
+                    log.warning("cannot read PodResources: %s; publishing what the agent knows meanwhile", e)
+                failing = True
+                continue
+            if failing:
+                log.info("PodResources readable again")
+                failing = False
+            changed = listing != self._listing or allocatable != self._allocatable
+            self._listing, self._allocatable, self._list_started = listing, allocatable, started
+            self._listed.set()
+            if changed or self.agent.snapshot().allocations:
+                # Recent allocations may have moved out of the pending window: rebuild.
+                self._dirty.set()
+
+    async def _write_forever(self) -> None:
+        s = self.settings
+        await self._listed.wait()  # never publish "nothing allocated" before the first read
+        last_write = float("-inf")
+        while True:
+            resync = False
+            try:
+                await asyncio.wait_for(self._dirty.wait(), s.resync_s)
+            except TimeoutError:
+                resync = True
+            if not resync:
+                wait = max(s.debounce_s, last_write + s.min_interval_s - self._clock())
+                await asyncio.sleep(wait)
+            self._dirty.clear()
+            if resync:
+                await self._resync()
+            if await self._publish_until_done():
+                last_write = self._clock()
+
+    async def _resync(self) -> None:
+        try:
+            obj = await self._custom.get_cluster_custom_object(
+                schema.GROUP, schema.VERSION, schema.PLURAL, self.node_name,
+                _request_timeout=self.settings.request_timeout_s,
+            )
+        except kclient.ApiException as e:
+            if e.status == 404:
+                log.warning("NodeGpuState %s is gone; writing it again", self.node_name)
+                self._object, self.published = None, None
+            return
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return
+        assert isinstance(obj, dict)
+        self._object = obj
+        if self.published is not None and not _same_status(obj.get("status"), statebuilding.status_document(self.published)):
+            log.warning("NodeGpuState %s was changed by someone else; writing ours again", self.node_name)
+            self.published = None
+
+    async def _publish_until_done(self) -> bool:
+        """Write the current state if it differs from what is published; retry until done."""
+        backoff = 0.0
+        stale_retried = False
+        while True:
+            state = self.current_state()
+            if statebuilding.same_content(state, self.published):
+                return False
+            try:
+                await self._write(state)
+                return True
+            except kclient.ApiException as e:
+                if e.status in (404, 409) and not stale_retried:
+                    stale_retried = True  # our copy was stale or deleted: read it again, at once
+                    continue
+                # Anything else (403 from RBAC, 422 from a newer CRD schema) is logged and
+                # retried too: publishing must never take the device plugin down with it.
+                await self._back_off(e, backoff := self._next_backoff(backoff))
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                await self._back_off(e, backoff := self._next_backoff(backoff))
+
+    def _next_backoff(self, backoff: float) -> float:
+        return min(max(backoff * 2, self.settings.retry_initial_s), self.settings.retry_max_s)
+
+    async def _back_off(self, exc: BaseException, backoff: float) -> None:
+        self.write_failures += 1
+        level = logging.WARNING if is_api_outage(exc) else logging.ERROR
+        log.log(level, "cannot publish NodeGpuState %s: %s; retrying in %.1fs", self.node_name, _describe(exc), backoff)
+        await asyncio.sleep(random.uniform(backoff / 2, backoff))
+
+    async def _write(self, state: NodeState) -> None:
+        timeout = self.settings.request_timeout_s
+        if self._object is None:
+            self._object = await self._get_or_create()
+        body = dict(self._object)
+        body["status"] = statebuilding.status_document(state)
+        try:
+            obj = await self._custom.replace_cluster_custom_object_status(
+                schema.GROUP, schema.VERSION, schema.PLURAL, self.node_name, body, _request_timeout=timeout
+            )
+        except kclient.ApiException as e:
+            if e.status in (404, 409):
+                self._object = None  # gone, or someone else wrote: read it again, then retry
+            raise
+        assert isinstance(obj, dict)
+        self._object = obj
+        self.published = state
+        self.writes += 1
+        self.published_changed.set()
+        self.published_changed = asyncio.Event()
+        log.debug("published NodeGpuState %s (write %d)", self.node_name, self.writes)
+
+    async def _get_or_create(self) -> dict[str, Any]:
+        timeout = self.settings.request_timeout_s
+        try:
+            obj = await self._custom.get_cluster_custom_object(
+                schema.GROUP, schema.VERSION, schema.PLURAL, self.node_name, _request_timeout=timeout
+            )
+            assert isinstance(obj, dict)
+            return obj
+        except kclient.ApiException as e:
+            if e.status != 404:
+                raise
+        node = await self._core.read_node(self.node_name, _request_timeout=timeout)
+        node_uid = node.metadata.uid if node.metadata is not None else None
+        if not node_uid:
+            raise kclient.ApiException(status=500, reason=f"node {self.node_name} has no uid")
+        body = {
+            "apiVersion": f"{schema.GROUP}/{schema.VERSION}",
+            "kind": schema.KIND,
+            "metadata": {
+                "name": self.node_name,
+                "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": node_uid}
+                ],
+            },
+        }
+        try:
+            obj = await self._custom.create_cluster_custom_object(
+                schema.GROUP, schema.VERSION, schema.PLURAL, body, _request_timeout=timeout
+            )
+        except kclient.ApiException as e:
+            if e.status != 409:
+                raise
+            obj = await self._custom.get_cluster_custom_object(
+                schema.GROUP, schema.VERSION, schema.PLURAL, self.node_name, _request_timeout=timeout
+            )
+        else:
+            log.info("created NodeGpuState %s (owned by Node uid %s)", self.node_name, node_uid)
+        assert isinstance(obj, dict)
+        return obj
+
+
+def _same_status(a: Any, b: Mapping[str, Any]) -> bool:
+    if not isinstance(a, Mapping):
+        return False
+    return {k: v for k, v in a.items() if k != "observedAt"} == {k: v for k, v in b.items() if k != "observedAt"}
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, kclient.ApiException):
+        return f"API answered {exc.status} {exc.reason or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def run_publication(
+    agent: AgentView,
+    api: kclient.ApiClient,
+    node_name: str,
+    *,
+    pod_resources_socket: Path,
+    settings: PublishSettings | None = None,
+    config_source: configwatching.ConfigSource | None = None,
+) -> None:
+    """Publish the node's NodeGpuState (and, with `config_source`, follow the per-node config)
+    until cancelled. Meant to run as one supervised task next to `Agent.run()`; it raises only on
+    a bug, never because the API or the kubelet is away. Returns never."""
+    async with PodResourcesClient(pod_resources_socket) as pod_resources:
+        publisher = Publisher(agent, api, node_name, pod_resources, settings)
+        tasks = Supervisor(f"publication {node_name}")
+        tasks.spawn("publication:publisher", publisher.run())
+        if config_source is not None:
+            watcher = configwatching.ConfigWatcher(agent, api, node_name, config_source)
+            tasks.spawn("publication:config", watcher.run())
+        try:
+            raise await tasks.wait()
+        finally:
+            await tasks.stop()

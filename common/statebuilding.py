@@ -1,0 +1,167 @@
+"""Build the published `NodeState` from what the node knows (pure: no I/O, no clock).
+
+Inputs: the resources the agent serves, the device IDs it considers unhealthy, what the kubelet's
+PodResources API says each pod holds (already grouped per pod and resource, see `PodDevices`),
+the pod UIDs the API server knows for (namespace, name), and device IDs the agent allocated so
+recently that PodResources may not show them yet.
+
+Grouping is exactly the allocation core's: per resource, devices are grouped by
+`Device.physical_key` (the replica suffix stripped, a MIG instance under its parent GPU), the same
+mapping `Resource.group_of()` hands to `allocation.shared_allocation`.
+
+Counts per physical GPU are disjoint, so that `GpuState.free = total - allocated - unhealthy`
+is the number of devices the node would still hand out:
+* `allocated`: devices of that GPU held by a pod (or just allocated by the agent);
+* `unhealthy`: devices that are unhealthy and *not* held (a held device that turns unhealthy
+  stays counted once, as allocated).
+Device IDs that the current resources do not know (a pod still holding a replica of a previous
+config) are ignored: they name no device the node can hand out now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from common.policies import MigStrategy, Policy
+from common.resources import Resource
+from common.state import GpuState, NodeState, ResourceState, to_status
+
+
+@dataclass(frozen=True, slots=True)
+class PodDevices:
+    """One pod's devices as PodResources reports them, grouped by resource and de-duplicated."""
+
+    namespace: str
+    name: str
+    devices: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        frozen = {res: frozenset(ids) for res, ids in self.devices.items()}
+        object.__setattr__(self, "devices", MappingProxyType(frozen))
+
+
+def group_pod_devices(
+    namespace: str, name: str, entries: Sequence[tuple[str, Sequence[str]]]
+) -> PodDevices:
+    """PodResources lists one entry per (device, NUMA node), per container: fold them into one
+    set of device IDs per resource for the whole pod."""
+    grouped: dict[str, set[str]] = {}
+    for resource, ids in entries:
+        grouped.setdefault(resource, set()).update(ids)
+    return PodDevices(namespace, name, {r: frozenset(ids) for r, ids in grouped.items()})
+
+
+def build_node_state(
+    *,
+    resources: Sequence[Resource],
+    unhealthy: Collection[str],
+    pods: Sequence[PodDevices],
+    pod_uids: Mapping[tuple[str, str], str],
+    allocation_policy: Policy,
+    mig_strategy: MigStrategy,
+    agent_version: str,
+    observed_at: str,
+    recently_allocated: Mapping[str, Collection[str]] | None = None,
+) -> NodeState:
+    """The node's state. A pod whose UID is not known yet holds its devices without being
+    listed in `pods`; it is listed once the caller learns its UID."""
+    sick = frozenset(unhealthy)
+    out: list[ResourceState] = []
+    for res in resources:
+        by_id = res.by_id()
+        holders: dict[str, set[str]] = {}  # device id -> pod UIDs ("" when unknown)
+        for pod in pods:
+            uid = pod_uids.get((pod.namespace, pod.name), "")
+            for device_id in pod.devices.get(res.name, ()):
+                if device_id in by_id:
+                    holders.setdefault(device_id, set()).add(uid)
+        for device_id in (recently_allocated or {}).get(res.name, ()):
+            if device_id in by_id:
+                holders.setdefault(device_id, set())
+
+        tallies: dict[str, _Tally] = {}
+        for device in res.devices:
+            tally = tallies.get(device.physical_key)
+            if tally is None:
+                tally = tallies[device.physical_key] = _Tally(device.gpu_index, device.product)
+            tally.total += 1
+            if device.id in holders:
+                tally.allocated += 1
+                tally.pods.update(u for u in holders[device.id] if u)
+            elif device.id in sick:
+                tally.unhealthy += 1
+        ordered = sorted(tallies.items(), key=lambda kv: (kv[1].gpu_index, kv[0]))
+        out.append(
+            ResourceState(
+                name=res.name,
+                sharing=res.sharing,
+                fail_requests_greater_than_one=res.fail_requests_greater_than_one,
+                gpus=tuple(t.state(key) for key, t in ordered),
+            )
+        )
+    return NodeState(
+        observed_at=observed_at,
+        agent_version=agent_version,
+        allocation_policy=allocation_policy,
+        mig_strategy=mig_strategy,
+        resources=tuple(sorted(out, key=lambda r: r.name)),
+    )
+
+
+@dataclass(slots=True)
+class _Tally:
+    gpu_index: int
+    product: str
+    total: int = 0
+    allocated: int = 0
+    unhealthy: int = 0
+    pods: set[str] = field(default_factory=set)
+
+    def state(self, key: str) -> GpuState:
+        return GpuState(
+            key=key,
+            index=str(self.gpu_index),
+            product=self.product,
+            total=self.total,
+            allocated=self.allocated,
+            unhealthy=self.unhealthy,
+            pods=tuple(sorted(self.pods)),
+        )
+
+
+def same_content(a: NodeState | None, b: NodeState | None) -> bool:
+    """Equal apart from the observation time: whether a new write would change anything."""
+    if a is None or b is None:
+        return a is b
+    return replace(a, observed_at="") == replace(b, observed_at="")
+
+
+def summary(state: NodeState) -> dict[str, int | str]:
+    """The one-line view `kubectl get nodegpustates` prints (`status.summary`): physical GPUs
+    with nothing held and nothing unhealthy in any resource, and devices held / served."""
+    busy: set[str] = set()
+    keys: set[str] = set()
+    used = total = 0
+    for res in state.resources:
+        for g in res.gpus:
+            keys.add(g.key)
+            used += g.allocated
+            total += g.total
+            if g.allocated or g.unhealthy:
+                busy.add(g.key)
+    return {
+        "freeGpus": len(keys - busy),
+        "gpus": len(keys),
+        "replicasUsed": used,
+        "replicasTotal": total,
+        "replicas": f"{used}/{total}",
+    }
+
+
+def status_document(state: NodeState) -> dict[str, object]:
+    """`state.to_status` plus the summary (an added field: schema version 1 still reads it)."""
+    doc = to_status(state)
+    doc["summary"] = summary(state)
+    return doc

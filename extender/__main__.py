@@ -1,0 +1,287 @@
+"""`sharepack-extender`: the composition root. Only here are argv and the environment read.
+
+    sharepack-extender --listen 0.0.0.0:8888 --node-policy packed [--kubeconfig FILE]
+                       [--tls-cert-file F --tls-private-key-file K] [--url-prefix /sharepack]
+
+Without `--kubeconfig` the in-cluster config is used; with neither, the extender still serves
+(every node unknown: pass-through, lowest score) and /bind answers with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+from aiohttp import web
+
+from common import state as published
+from common.policies import Policy
+from extender.binding import ApiBinder, Binder
+from extender.caches import ClusterView, Informer, pod_handler, state_handler
+from extender.metrics import Metrics
+from extender.server import DEFAULT_MAX_BODY_BYTES, Extender
+
+log = logging.getLogger("extender")
+
+DEFAULT_LISTEN = "0.0.0.0:8888"
+DEFAULT_ASSUME_TTL_S = 120.0
+DEFAULT_RESYNC_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    listen: str = DEFAULT_LISTEN
+    node_policy: Policy = Policy.PACKED
+    kubeconfig: str | None = None
+    in_cluster: bool = True  # try the in-cluster config when no kubeconfig is given
+    tls_cert_file: str | None = None
+    tls_private_key_file: str | None = None
+    url_prefix: str = ""
+    log_format: str = "text"
+    log_level: str = "info"
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    assume_ttl_s: float = DEFAULT_ASSUME_TTL_S
+    resync_s: float = DEFAULT_RESYNC_S
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"invalid --listen option: {self.listen!r} (want HOST:PORT)")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    p = argparse.ArgumentParser(prog="sharepack-extender", description=__doc__.split("\n")[0])
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to serve on")
+    p.add_argument(
+        "--node-policy",
+        default=str(Policy.PACKED),
+        choices=[x.value for x in Policy],
+        help="how to rank nodes: packed keeps whole GPUs and nodes free, distributed spreads",
+    )
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
+    p.add_argument("--tls-cert-file", default=None)
+    p.add_argument("--tls-private-key-file", default=None)
+    p.add_argument("--url-prefix", default="", help="path prefix of the verbs, e.g. /sharepack")
+    p.add_argument("--log-format", default="text", choices=["text", "json"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    p.add_argument("--assume-ttl", type=float, default=DEFAULT_ASSUME_TTL_S,
+                   help="seconds a bound pod counts with its predicted placement before its "
+                        "agent reports it")  # fmt: skip
+    p.add_argument("--resync", type=float, default=DEFAULT_RESYNC_S, help="relist period, s")
+    a = p.parse_args(list(argv))
+    if bool(a.tls_cert_file) != bool(a.tls_private_key_file):
+        p.error("--tls-cert-file and --tls-private-key-file go together")
+    opts = Options(
+        listen=a.listen,
+        node_policy=Policy(a.node_policy),
+        kubeconfig=a.kubeconfig,
+        tls_cert_file=a.tls_cert_file,
+        tls_private_key_file=a.tls_private_key_file,
+        url_prefix=a.url_prefix,
+        log_format=a.log_format,
+        log_level=a.log_level,
+        max_body_bytes=a.max_body_bytes,
+        assume_ttl_s=a.assume_ttl,
+        resync_s=a.resync,
+    )
+    try:
+        opts.host_port
+    except ValueError as e:
+        p.error(str(e))
+    return opts
+
+
+class _JsonFormatter(logging.Formatter):
+    _STD = set(vars(logging.makeLogRecord({})))
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        doc.update({k: v for k, v in vars(record).items() if k not in self._STD})
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(fmt: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def api_client(opts: Options) -> Any | None:
+    """A kubernetes ApiClient, or None when there is no API to talk to."""
+    from kubernetes import client, config
+
+    if opts.kubeconfig:
+        return config.new_client_from_config(config_file=opts.kubeconfig)  # type: ignore[no-untyped-call]
+    if opts.in_cluster:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException as e:
+            log.warning("no Kubernetes API (%s): every node is unknown and /bind is off", e)
+            return None
+        return client.ApiClient()
+    return None
+
+
+class Service:
+    """The running extender: caches, informers and the HTTP server."""
+
+    def __init__(self, opts: Options, *, api: Any | None = None) -> None:
+        self.opts = opts
+        self.api = api
+        self.metrics = Metrics()
+        self.view = ClusterView(opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s)
+        self.informers: list[Informer] = []
+        binder: Binder | None = None
+        if api is not None:
+            from kubernetes import client
+
+            custom = client.CustomObjectsApi(api)
+            core = client.CoreV1Api(api)
+            self.informers = [
+                Informer(
+                    "nodegpustates",
+                    partial(custom.list_cluster_custom_object,
+                            published.GROUP, published.VERSION, published.PLURAL),
+                    on_replace=self.view.replace_states,
+                    on_event=state_handler(self.view),
+                    resync_s=opts.resync_s,
+                ),  # fmt: skip
+                Informer(
+                    "pods",
+                    partial(core.list_pod_for_all_namespaces, field_selector="spec.nodeName!="),
+                    on_replace=self.view.replace_pods,
+                    on_event=pod_handler(self.view),
+                    resync_s=opts.resync_s,
+                ),
+            ]
+            binder = ApiBinder(api)
+        self.extender = Extender(
+            self.view, binder=binder, metrics=self.metrics, ready=self.synced,
+            url_prefix=opts.url_prefix,
+        )  # fmt: skip
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = 0
+
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    async def start(self) -> None:
+        host, port = self.opts.host_port
+        ssl_context = None
+        if self.opts.tls_cert_file and self.opts.tls_private_key_file:
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(self.opts.tls_cert_file, self.opts.tls_private_key_file)
+        app = self.extender.app(max_body_bytes=self.opts.max_body_bytes)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        server = site._server  # the bound port (0 picks one); aiohttp exposes it only here
+        assert isinstance(server, asyncio.base_events.Server)
+        self.port = server.sockets[0].getsockname()[1]
+        for informer in self.informers:
+            await informer.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._expire_assumed(), name="extender-expire-assumed"),
+            loop.create_task(self._freeze_when_synced(), name="extender-gc-freeze"),
+        ]
+        log.info("serving on %s:%d (%s) with node policy %s",
+                 host, self.port, "https" if ssl_context else "http",
+                 self.opts.node_policy, extra={"options": asdict(self.opts)})  # fmt: skip
+
+    async def _expire_assumed(self) -> None:
+        period = max(self.opts.assume_ttl_s / 4, 0.05)
+        while True:
+            await asyncio.sleep(period)
+            self.view.expire()
+
+    async def _freeze_when_synced(self) -> None:
+        for informer in self.informers:
+            await informer.synced.wait()
+        # The initial lists leave thousands of long-lived objects; one full collection now
+        # and moving them out of the collector's view keeps later pauses off the request path.
+        gc.collect()
+        gc.freeze()
+        log.info("caches synced: %d node states, %d GPU pods",
+                 len(self.view.scorers), len(self.view.pods))  # fmt: skip
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for informer in self.informers:
+            await informer.stop()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+
+async def run(opts: Options) -> int:
+    service = Service(opts, api=await asyncio.to_thread(api_client, opts))
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.warning("second signal: exiting now")
+            sys.exit(1)
+        log.info("signal received: draining (send another to exit at once)")
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await stop.wait()
+    finally:
+        await service.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging(opts.log_format, opts.log_level)
+    return asyncio.run(run(opts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The extender's HTTP surface: thin handlers (decode -> common.scoring -> encode).
+
+Status codes are mapped here, in one place: every scheduling outcome (feasible or not, unknown
+nodes, a pod we cannot read) is HTTP 200 with the answer in the body; HTTP 400 means the body
+could not be decoded as the verb's arguments; 413 a body over the size limit (aiohttp's own
+answer). A bug in a handler is still a 500, and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from common import podrequests
+from common.errors import RequestError
+from common.podrequests import PodRequest
+from common.scoring import UNKNOWN_NODE
+from extender import protocol
+from extender.binding import Binder, BindError
+from extender.caches import ClusterView
+from extender.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit; more is a mistake
+FAILED_PREFIX = "sharepack: "
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Extender:
+    def __init__(
+        self,
+        view: ClusterView,
+        *,
+        binder: Binder | None = None,
+        metrics: Metrics | None = None,
+        ready: Callable[[], bool] = lambda: True,
+        url_prefix: str = "",
+        managed: podrequests.Managed | None = None,
+    ) -> None:
+        self.view = view
+        self.binder = binder
+        self.metrics = metrics or view.metrics
+        self.ready = ready
+        self.url_prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+        self.managed = managed
+        m = self.metrics
+        m.gauge("sharepack_extender_cache_nodes", "Nodes with a usable published state.",
+                lambda: len(view.scorers))  # fmt: skip
+        m.gauge("sharepack_extender_cache_nodes_unusable",
+                "Nodes whose published state this extender cannot read.",
+                lambda: len(view.invalid))  # fmt: skip
+        m.gauge("sharepack_extender_cache_pods", "GPU pods bound to nodes.", lambda: len(view.pods))
+        m.gauge("sharepack_extender_assumed_pods",
+                "Pods counted with their predicted placement until their agent reports them.",
+                lambda: len(view.assumed))  # fmt: skip
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def app(self, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+        app = web.Application(client_max_size=max_body_bytes)
+        app[EXTENDER] = self
+        p = self.url_prefix
+        app.router.add_post(f"{p}/filter", self._timed("filter", self.filter))
+        app.router.add_post(f"{p}/prioritize", self._timed("prioritize", self.prioritize))
+        app.router.add_post(f"{p}/bind", self._timed("bind", self.bind))
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_text)
+        return app
+
+    def _timed(self, verb: str, handler: Handler) -> Handler:
+        observe = self.metrics.observe
+        clock = time.perf_counter
+
+        async def timed(request: web.Request) -> web.StreamResponse:
+            t0 = clock()
+            code = 500
+            try:
+                response = await handler(request)
+                code = response.status
+                return response
+            except web.HTTPException as e:  # 413 from the body size limit, among others
+                code = e.status
+                raise
+            except Exception:
+                log.exception("%s handler failed", verb)
+                raise
+            finally:
+                observe(verb, code, clock() - t0)
+
+        return timed
+
+    # -- verbs -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _json(body: bytes) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    @staticmethod
+    def _bad(e: Exception) -> web.Response:
+        return web.Response(status=400, text=str(e) + "\n")
+
+    def _request(self, args: protocol.ExtenderArgs) -> PodRequest | None:
+        request = args.request
+        if request is not None:
+            self.view.remember(request)
+        return request
+
+    async def filter(self, request: web.Request) -> web.Response:
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self._request(args)
+        everyone = range(len(args.node_names))
+        if pod is None:
+            log.warning("filter: cannot read the pod: %s", args.pod_error)
+            return self._json(protocol.encode_filter(args, everyone, {}, {}, args.pod_error))
+        if pod.empty:
+            return self._json(protocol.encode_filter(args, everyone, {}, {}))
+        scorers = self.view.scorers
+        survivors: list[int] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for i, name in enumerate(args.node_names):
+            scorer = scorers.get(name)
+            if scorer is None:  # unknown: pass through, correctness is the kubelet's
+                survivors.append(i)
+                continue
+            s = scorer.score(pod)
+            if s.feasible:
+                survivors.append(i)
+            elif s.unresolvable:
+                unresolvable[name] = FAILED_PREFIX + s.reason
+            else:
+                failed[name] = FAILED_PREFIX + s.reason
+        return self._json(protocol.encode_filter(args, survivors, failed, unresolvable))
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self._request(args)
+        names = args.node_names
+        if pod is None or pod.empty:
+            return self._json(protocol.encode_priorities(names, [0] * len(names)))
+        scorers = self.view.scorers
+        unknown = UNKNOWN_NODE.score
+        scores: list[int] = []
+        append = scores.append
+        for name in names:
+            scorer = scorers.get(name)
+            append(unknown if scorer is None else scorer.score(pod).score)
+        return self._json(protocol.encode_priorities(names, scores))
+
+    async def bind(self, request: web.Request) -> web.Response:
+        try:
+            args = protocol.decode_binding(await request.read())
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        m = self.metrics
+        if self.binder is None:
+            m.binds["error"] += 1
+            return self._json(protocol.encode_binding_result(
+                "binding is not available: the extender runs without Kubernetes API access"))  # fmt: skip
+        if not (args.pod_name and args.pod_namespace and args.node):
+            m.binds["error"] += 1
+            return self._json(protocol.encode_binding_result(
+                f"invalid ExtenderBindingArgs: PodName, PodNamespace and Node are required, got "
+                f"{args.pod_namespace!r}/{args.pod_name!r} -> {args.node!r}"))  # fmt: skip
+        pod = self.view.recalled(args.pod_uid) if args.pod_uid else None
+        try:
+            if pod is None:
+                # Not seen by filter/prioritize (an extender restart in between): read it, so
+                # the assumption still counts its devices.
+                doc = await self.binder.get_pod(args.pod_namespace, args.pod_name)
+                try:
+                    pod = podrequests.decode_pod_request(doc, self.managed)
+                except RequestError as e:
+                    log.warning("bind: cannot read pod %s/%s: %s", args.pod_namespace,
+                                args.pod_name, e)  # fmt: skip
+            await self.binder.bind(args)
+        except BindError as e:
+            m.binds["error"] += 1
+            log.warning("%s", e)
+            return self._json(protocol.encode_binding_result(str(e)))
+        m.binds["success"] += 1
+        if pod is not None and not pod.empty:
+            self.view.assume(args.pod_uid or pod.uid, args.node, pod)
+        return self._json(protocol.encode_binding_result())
+
+    # -- health ----------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.ready():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="caches not synced\n")
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render().encode(), headers={"Content-Type": PROMETHEUS_TEXT}
+        )
+
+
+EXTENDER = web.AppKey("extender", Extender)

@@ -1,0 +1,401 @@
+"""`sharepack-demo`: the cluster in a box, showing packed vs distributed end to end.
+
+For each policy it starts a fresh sandbox — the API server, N simulated GPU nodes (fake kubelet +
+the real agent on a simulated machine, as child processes), the real extender over HTTP — and
+drives a scheduler through a wave of shared pods (single time-sliced replicas) and then a wave of
+full-GPU pods (all replicas of one GPU). It draws which replica slots each GPU has taken after the
+first wave, and counts the full-GPU pods that got a whole physical GPU to themselves.
+
+    sharepack-demo                       # both policies, 3 nodes of 4 GPUs, about a minute
+    sharepack-demo --policy packed --keep-running   # leave the stack up for kubectl
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+import kubernetes
+import yaml
+
+from common import state as gpustate
+from common.errors import StateSchemaError
+from common.policies import Policy
+from sandbox.apiserver import FakeApiServer
+from sandbox.nodes import NodeSpec, SimulatedNode
+from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
+
+log = logging.getLogger("sandbox.demo")
+
+DEFAULT_MACHINE = "t4-pcie"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
+NAMESPACE = "default"
+PUBLISH_TIMEOUT_S = 10.0
+FULL = "\u2588"
+FREE = "\u2591"
+
+
+class DemoError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Wave:
+    name: str
+    count: int
+    replicas: int  # replicas of SHARED_RESOURCE per pod
+    whole_gpu: bool  # counted as placed only when it holds one whole GPU alone
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    replicas: int  # time-slicing replicas per GPU
+    waves: tuple[Wave, ...]
+
+
+def default_workload(nodes: int, gpus_per_node: int, replicas: int) -> Workload:
+    gpus = nodes * gpus_per_node
+    return Workload(
+        replicas,
+        (
+            Wave("shared", gpus, 1, False),  # as many single replicas as there are GPUs
+            Wave("full-gpu", gpus // 2, replicas, True),  # then half the GPUs, whole
+        ),
+    )
+
+
+def load_workload(path: Path) -> Workload:
+    where = str(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise DemoError(f"invalid workload file {where}: {e}") from e
+    if not isinstance(doc, Mapping):
+        raise DemoError(f"invalid workload file {where}: expected a mapping with replicas and waves")
+    replicas = doc.get("replicas", 4)
+    if not isinstance(replicas, int) or replicas < 1:
+        raise DemoError(f"invalid workload file {where}: replicas must be a positive integer, got {replicas!r}")
+    waves = []
+    for i, w in enumerate(doc.get("waves") or []):
+        if not isinstance(w, Mapping):
+            raise DemoError(f"invalid workload file {where}: waves[{i}] is not a mapping")
+        count, size = w.get("count"), w.get("replicas", 1)
+        if not isinstance(count, int) or count < 0:
+            raise DemoError(f"invalid workload file {where}: waves[{i}].count must be >= 0, got {count!r}")
+        if not isinstance(size, int) or not 1 <= size <= replicas:
+            raise DemoError(
+                f"invalid workload file {where}: waves[{i}].replicas must be 1..{replicas}, got {size!r}"
+            )
+        waves.append(Wave(str(w.get("name", f"wave-{i}")), count, size, bool(w.get("wholeGpu", size == replicas))))
+    if not waves:
+        raise DemoError(f"invalid workload file {where}: no waves")
+    return Workload(replicas, tuple(waves))
+
+
+def agent_config(replicas: int) -> str:
+    return yaml.safe_dump(
+        {
+            "version": "v1",
+            "flags": {"migStrategy": "none"},
+            "sharing": {
+                "timeSlicing": {
+                    "renameByDefault": True,
+                    "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
+                }
+            },
+        }
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bar(allocated: int, total: int) -> str:
+    return FULL * allocated + FREE * (total - allocated) + f" {allocated}/{total}"
+
+
+def render_states(states: Sequence[gpustate.NodeState], names: Sequence[str], out: TextIO) -> None:
+    for name, st in zip(names, states, strict=True):
+        res = st.resource(SHARED_RESOURCE)
+        gpus = sorted(res.gpus, key=lambda g: int(g.index)) if res else ()
+        cells = "   ".join(f"GPU{g.index} {bar(g.allocated, g.total)}" for g in gpus)
+        print(f"    {name:<8} {cells}", file=out)
+
+
+class Sandbox:
+    """One policy's stack: API server, nodes, extender, scheduler driver."""
+
+    def __init__(self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path) -> None:
+        self.policy = policy
+        self.workload = workload
+        self.root = root
+        self.api_server = FakeApiServer()
+        self.kubeconfig = root / "kubeconfig"
+        self.node_specs = [NodeSpec(f"node-{i}", machine, root / "agent-config.yaml") for i in range(nodes)]
+        self.nodes: list[SimulatedNode] = []
+        self.extender: asyncio.subprocess.Process | None = None
+        self.extender_url = ""
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> Sandbox:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def _start(self) -> None:
+        await self.api_server.start()
+        self._stack.push_async_callback(self.api_server.stop)
+        self.api_server.write_kubeconfig(self.kubeconfig)
+        (self.root / "agent-config.yaml").write_text(agent_config(self.workload.replicas))
+        conf = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig), client_configuration=conf
+        )
+        self.api: Any = kubernetes.client.ApiClient(conf)
+        self._stack.callback(self.api.close)
+
+        for i, spec in enumerate(self.node_specs):
+            spec = NodeSpec(
+                spec.name, spec.machine, spec.config_file,
+                extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}",),
+            )  # fmt: skip
+            node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))
+            node = SimulatedNode(spec, node_root, self.api, self.kubeconfig, log_dir=self.root)
+            self.nodes.append(node)
+        await asyncio.gather(*(n.start([SHARED_RESOURCE]) for n in self.nodes))
+        for node in self.nodes:
+            self._stack.push_async_callback(node.stop)
+
+        port = free_port()
+        self.extender_url = f"http://127.0.0.1:{port}"
+        self.extender_log = open(self.root / "extender.log", "ab")  # noqa: SIM115 - closed on exit
+        self._stack.callback(self.extender_log.close)
+        self.extender = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "extender",
+            f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
+            f"--kubeconfig={self.kubeconfig}", "--log-format=text",
+            stdout=self.extender_log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        self._stack.push_async_callback(self._stop_extender)
+        self.session = aiohttp.ClientSession()
+        self._stack.push_async_callback(self.session.close)
+        await self._wait_ready()
+        self.driver = SchedulerDriver(
+            self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
+        )
+
+    async def _stop_extender(self) -> None:
+        proc = self.extender
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.extender is not None and self.extender.returncode is not None:
+                break
+            with contextlib.suppress(aiohttp.ClientError):
+                async with self.session.get(f"{self.extender_url}/readyz") as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+        tail = (self.root / "extender.log").read_text(errors="replace")[-2000:]
+        raise DemoError(f"extender at {self.extender_url} did not become ready:\n{tail}")
+
+    async def node_states(self) -> list[gpustate.NodeState]:
+        custom: Any = kubernetes.client.CustomObjectsApi(self.api)
+        out = []
+        for node in self.nodes:
+            obj = await asyncio.to_thread(
+                custom.get_cluster_custom_object,
+                gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL, node.name,
+            )  # fmt: skip
+            out.append(gpustate.from_status(obj.get("status"), source=f"nodegpustate/{node.name}"))
+        return out
+
+    async def wait_published(self, node: str, uid: str) -> gpustate.NodeState:
+        """The serial stream: the next pod is scheduled once the node has published this one."""
+        deadline = time.monotonic() + PUBLISH_TIMEOUT_S
+        names = [n.name for n in self.nodes]
+        while True:
+            with contextlib.suppress(kubernetes.client.ApiException, StateSchemaError):
+                st = (await self.node_states())[names.index(node)]
+                res = st.resource(SHARED_RESOURCE)
+                if res and any(uid in g.pods for g in res.gpus):
+                    return st
+            if time.monotonic() > deadline:
+                raise DemoError(f"node {node} did not publish pod {uid} within {PUBLISH_TIMEOUT_S} s")
+            await asyncio.sleep(0.05)
+
+    async def run_pod(self, name: str, replicas: int) -> tuple[Decision, tuple[str, ...]]:
+        """Create, schedule, admit one pod; returns the decision and the GPUs its replicas sit on."""
+        core: Any = kubernetes.client.CoreV1Api(self.api)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+                        "resources": {"limits": {SHARED_RESOURCE: str(replicas)}},
+                    }
+                ]
+            },
+        }
+        pod = await asyncio.to_thread(core.create_namespaced_pod, NAMESPACE, body)
+        decision = await self.driver.schedule(NAMESPACE, name)
+        if decision.node is None:
+            return decision, ()
+        node = next(n for n in self.nodes if n.name == decision.node)
+        rejected = await node.sync_pods()
+        if rejected:
+            return Decision(decision.pod, None, rejected[0][1]), ()
+        st = await self.wait_published(node.name, pod.metadata.uid)
+        res = st.resource(SHARED_RESOURCE)
+        gpus = tuple(g.key for g in res.gpus if pod.metadata.uid in g.pods) if res else ()
+        return decision, gpus
+
+
+async def run_policy(
+    policy: Policy, nodes: int, machine: str, workload: Workload | None, out: TextIO, *, keep_running: bool
+) -> tuple[int, int]:
+    root = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
+    started = time.monotonic()
+    print(f"\n== {policy}: agents --shared-devices-allocation-policy={policy}, extender --node-policy={policy}", file=out)
+    try:
+        wl = workload or default_workload(nodes, 4, 4)
+        async with Sandbox(policy, nodes, machine, wl, root) as box:
+            gpus_per_node = len((await box.node_states())[0].resources[0].gpus)
+            if workload is None and gpus_per_node != 4:
+                wl = default_workload(nodes, gpus_per_node, 4)
+                box.workload = wl
+            print(
+                f"   up in {time.monotonic() - started:.1f} s: API server {box.api_server.url}, "
+                f"{nodes} nodes ({machine}, {gpus_per_node} GPUs x {wl.replicas} replicas), "
+                f"extender {box.extender_url}",
+                file=out,
+            )
+            placed = whole = 0
+            for wave in wl.waves:
+                print(f"   {wave.name}: {wave.count} pods x {wave.replicas} replica(s) of {SHARED_RESOURCE}", file=out)
+                wave_placed = 0
+                for i in range(wave.count):
+                    decision, gpus = await box.run_pod(f"{wave.name}-{i}", wave.replicas)
+                    if decision.node is None:
+                        print(f"     {decision.pod}: not placed: {decision.reason}", file=out)
+                        continue
+                    wave_placed += 1
+                    if wave.whole_gpu:
+                        states = await box.node_states()
+                        if _holds_whole_gpu(states, decision.node, [n.name for n in box.nodes], gpus):
+                            placed += 1
+                            print(f"     {decision.pod} -> {decision.node}: a whole GPU", file=out)
+                        else:
+                            print(f"     {decision.pod} -> {decision.node}: stranded, its replicas share {len(gpus)} GPU(s) with other pods", file=out)
+                        whole += 1
+                if not wave.whole_gpu:
+                    print(f"   after {wave.name} ({wave_placed}/{wave.count} placed):", file=out)
+                    render_states(await box.node_states(), [n.name for n in box.nodes], out)
+            total_whole = sum(w.count for w in wl.waves if w.whole_gpu)
+            print(f"   done in {time.monotonic() - started:.1f} s", file=out)
+            if keep_running:
+                print(f"\n   stack left running. kubeconfig: {box.kubeconfig}", file=out)
+                print(f"   try: kubectl --kubeconfig {box.kubeconfig} get nodegpustates,pods", file=out)
+                print("   Ctrl-C to stop.", file=out)
+                await asyncio.Event().wait()
+            return placed, total_whole
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _holds_whole_gpu(
+    states: Sequence[gpustate.NodeState], node: str, names: Sequence[str], gpus: Sequence[str]
+) -> bool:
+    if len(gpus) != 1:
+        return False
+    res = states[list(names).index(node)].resource(SHARED_RESOURCE)
+    gpu = next(g for g in res.gpus if g.key == gpus[0]) if res else None
+    return gpu is not None and len(gpu.pods) == 1
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sharepack-demo", description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--nodes", type=int, default=3, help="simulated GPU nodes (default 3)")
+    p.add_argument("--machine", default=DEFAULT_MACHINE, help=f"simulated machine name or YAML (default {DEFAULT_MACHINE})")
+    p.add_argument("--policy", default="distributed,packed", help="comma-separated policies to run (default distributed,packed)")
+    p.add_argument("--workload", type=Path, help="YAML: replicas and waves (name, count, replicas, wholeGpu)")
+    p.add_argument("--keep-running", action="store_true", help="leave the (last) stack up and print a kubeconfig")
+    p.add_argument("--verbose", action="store_true", help="log the sandbox's own components")
+    opts = p.parse_args(argv)
+    if opts.nodes < 1:
+        p.error(f"--nodes must be at least 1, got {opts.nodes}")
+    try:
+        opts.policies = [Policy(x.strip()) for x in opts.policy.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"invalid --policy option: {opts.policy} (choose from {', '.join(Policy)})")
+    return opts
+
+
+async def amain(opts: argparse.Namespace, out: TextIO) -> int:
+    workload = load_workload(opts.workload) if opts.workload else None
+    print(
+        "sharepack demo: time-sliced GPUs, a wave of shared pods then full-GPU pods, "
+        f"under {' and '.join(opts.policies)}",
+        file=out,
+    )
+    results: dict[Policy, tuple[int, int]] = {}
+    for i, policy in enumerate(opts.policies):
+        keep = opts.keep_running and i == len(opts.policies) - 1
+        results[policy] = await run_policy(policy, opts.nodes, opts.machine, workload, out, keep_running=keep)
+    print("", file=out)
+    for policy, (placed, total) in results.items():
+        print(f"{policy}: full-GPU pods placed {placed}/{total}", file=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if opts.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(amain(opts, sys.stdout))
+    except KeyboardInterrupt:
+        print("\ninterrupted: sandbox stopped", file=sys.stderr)
+        return 130
+    except DemoError as e:
+        print(f"sharepack-demo: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""A simulated GPU node: the fake kubelet, the real agent as a child process, and the kubelet's
+duties towards the API server (the Node object and its status, admitting the pods bound to it).
+
+The agent runs exactly as it would on a node (`python -m agent ...` with a simulated machine
+instead of a driver), talking to the fake kubelet over its unix sockets and to the sandbox API
+server over HTTP with a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+
+from common import podrequests
+from sandbox.kubelet import FakeKubelet
+from sandbox.kubelet_pods import AdmissionError, ContainerSpec, PodSpec
+
+log = logging.getLogger(__name__)
+
+AGENT_START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    machine: str  # a built-in simulated machine name or a machine YAML path
+    config_file: Path | None = None
+    labels: Mapping[str, str] | None = None
+    extra_agent_args: tuple[str, ...] = ()
+
+
+def _container_specs(containers: Sequence[podrequests.Container]) -> tuple[ContainerSpec, ...]:
+    return tuple(
+        ContainerSpec(
+            name=c.name,
+            requests={**c.limits, **c.requests},
+            restartable=c.kind == podrequests.ContainerKind.SIDECAR,
+        )
+        for c in containers
+    )
+
+
+def pod_spec_from_api(doc: Mapping[str, Any]) -> PodSpec:
+    """The kubelet's view of a Pod object: the GPU requests of each container, in order."""
+    pod = podrequests.decode_pod(doc)
+    return PodSpec(
+        uid=pod.uid,
+        name=pod.name,
+        namespace=pod.namespace,
+        containers=_container_specs(pod.containers),
+        init_containers=_container_specs(pod.init_containers),
+    )
+
+
+class SimulatedNode:
+    def __init__(
+        self,
+        spec: NodeSpec,
+        root: Path,
+        api: kubernetes.client.ApiClient,
+        kubeconfig: Path,
+        *,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.spec = spec
+        self.kubelet = FakeKubelet(root, node_name=spec.name)
+        self._api: Any = api
+        # The client's generated types make every field Optional; the sandbox reads them as the
+        # API server fills them, so it holds the client untyped.
+        self._core: Any = kubernetes.client.CoreV1Api(api)
+        self._kubeconfig = kubeconfig
+        self._log_path = (log_dir or root) / f"agent-{spec.name}.log"
+        self._agent: asyncio.subprocess.Process | None = None
+        self._log_file: Any = None
+        self._admitted: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def agent_log(self) -> Path:
+        return self._log_path
+
+    def agent_args(self) -> list[str]:
+        args = [
+            sys.executable, "-m", "agent",
+            f"--simulated-machine={self.spec.machine}",
+            f"--kubelet-socket={self.kubelet.socket_path}",
+            f"--pod-resources-socket={self.kubelet.pod_resources_socket}",
+            f"--node-name={self.spec.name}",
+            f"--kubeconfig={self._kubeconfig}",
+            "--log-format=text",
+        ]  # fmt: skip
+        if self.spec.config_file is not None:
+            args.append(f"--config-file={self.spec.config_file}")
+        return args + list(self.spec.extra_agent_args)
+
+    async def start(self, resources: Sequence[str]) -> None:
+        """Register the Node, start the kubelet and the agent; return once `resources` are served."""
+        await self._ensure_node()
+        await self.kubelet.start()
+        self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._agent = await asyncio.create_subprocess_exec(
+            *self.agent_args(),
+            stdout=self._log_file,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            for resource in resources:
+                await self.kubelet.wait_for_resource(resource, timeout=AGENT_START_TIMEOUT_S)
+        except Exception as e:
+            tail = self._log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"node {self.name}: agent did not serve {list(resources)}: {e}\n{tail}") from e
+        await self.sync_status()
+
+    async def stop(self) -> None:
+        agent, self._agent = self._agent, None
+        if agent is not None and agent.returncode is None:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(agent.wait(), 10)
+            except TimeoutError:
+                agent.kill()
+                await agent.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        await self.kubelet.stop()
+
+    async def _ensure_node(self) -> None:
+        body = kubernetes.client.V1Node(
+            metadata=kubernetes.client.V1ObjectMeta(
+                name=self.name,
+                labels={"kubernetes.io/hostname": self.name, **(self.spec.labels or {})},
+            )
+        )
+        with contextlib.suppress(kubernetes.client.ApiException):
+            await asyncio.to_thread(self._core.create_node, body)
+
+    async def sync_status(self) -> None:
+        """Publish capacity and allocatable to the Node status, as the kubelet does."""
+        capacity = {k: str(v) for k, v in self.kubelet.capacity().items()}
+        allocatable = {k: str(v) for k, v in self.kubelet.allocatable().items()}
+        patch = {"status": {"capacity": capacity, "allocatable": allocatable}}
+        await asyncio.to_thread(self._core.patch_node_status, self.name, patch)
+
+    async def sync_pods(self) -> list[tuple[str, str]]:
+        """Admit the pods newly bound to this node; returns (pod key, error) for rejected ones."""
+        pods = await asyncio.to_thread(
+            self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.name}"
+        )
+        rejected = []
+        for pod in pods.items:
+            uid = pod.metadata.uid
+            if uid in self._admitted:
+                continue
+            self._admitted.add(uid)
+            doc = self._api.sanitize_for_serialization(pod)
+            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            try:
+                await self.kubelet.admit_pod(pod_spec_from_api(doc))
+                status = {"phase": "Running"}
+            except AdmissionError as e:
+                rejected.append((key, str(e)))
+                status = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": str(e)}
+            await asyncio.to_thread(
+                self._core.patch_namespaced_pod_status,
+                pod.metadata.name,
+                pod.metadata.namespace,
+                {"status": status},
+            )
+        return rejected
+
+
+def new_uid() -> str:
+    return str(uuid.uuid4())

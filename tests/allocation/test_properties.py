@@ -1,0 +1,142 @@
+"""Allocation invariants over generated nodes (hypothesis)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common import allocation
+from common.allocation import GpuLoad
+from common.devices import replica_id
+from common.errors import AllocationError
+from common.policies import Policy
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@dataclass(frozen=True)
+class Node:
+    devices: list[str]
+    parent: dict[str, str]  # device id -> physical key (MIG-like when several bases share one)
+    available: list[str]
+    must_include: list[str]
+    size: int
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> Node:
+    n_gpus = draw(st.integers(1, 6))
+    devices: list[str] = []
+    parent: dict[str, str] = {}
+    for g in range(n_gpus):
+        # One or more "instances" per GPU (MIG-like), each with 1..5 replicas.
+        for m in range(draw(st.integers(1, 2))):
+            base = f"dev-{g}-{m}"
+            for n in range(draw(st.integers(1, 5))):
+                device_id = replica_id(base, n)
+                devices.append(device_id)
+                parent[device_id] = f"gpu-{g}"
+    available = draw(st.lists(st.sampled_from(devices), unique=True, max_size=len(devices)))
+    must_include = draw(st.lists(st.sampled_from(available), unique=True)) if available else []
+    size = draw(st.integers(0, len(devices) + 1))
+    shuffle_seed = draw(st.integers(0, 2**16))
+    random.Random(shuffle_seed).shuffle(available)
+    return Node(devices, parent, available, must_include, size)
+
+
+def _allocate(policy: Policy, node: Node) -> list[str] | None:
+    try:
+        return allocation.shared_allocation(
+            policy, node.devices, node.available, node.must_include, node.size, group_of=node.parent
+        )
+    except AllocationError:
+        return None
+
+
+@SETTINGS
+@given(node=nodes(), policy=st.sampled_from(list(Policy)))
+def test_result_is_must_include_then_distinct_available_devices_of_the_right_size(
+    node: Node, policy: Policy
+) -> None:
+    result = _allocate(policy, node)
+    must = node.must_include
+    if result is None:
+        assert len(node.available) < node.size  # only a real shortage fails
+        return
+    assert len(result) == len(set(result))
+    assert set(result) <= set(node.available)
+    assert result[: len(must)] == must
+    assert len(result) == (len(must) if len(must) >= node.size else node.size)
+
+
+@SETTINGS
+@given(node=nodes(), policy=st.sampled_from(list(Policy)), seed=st.integers(0, 2**16))
+def test_result_does_not_depend_on_the_order_devices_are_offered_in(
+    node: Node, policy: Policy, seed: int
+) -> None:
+    shuffled = list(node.available)
+    random.Random(seed).shuffle(shuffled)
+    other = Node(node.devices, node.parent, shuffled, node.must_include, node.size)
+    assert _allocate(policy, node) == _allocate(policy, other)
+
+
+def _held_after(node: Node, result: list[str]) -> Counter[str]:
+    taken = set(node.devices) - set(node.available) | set(result)
+    return Counter(node.parent[d] for d in taken)
+
+
+def _untouched_gpus(node: Node, result: list[str]) -> int:
+    held = _held_after(node, result)
+    return sum(1 for gpu in set(node.parent.values()) if held[gpu] == 0)
+
+
+def _distinct_gpus(node: Node, result: list[str]) -> int:
+    return len({node.parent[d] for d in result})
+
+
+@SETTINGS
+@given(node=nodes())
+def test_packed_never_leaves_fewer_untouched_gpus_than_distributed(node: Node) -> None:
+    packed, distributed = _allocate(Policy.PACKED, node), _allocate(Policy.DISTRIBUTED, node)
+    if packed is None or distributed is None:
+        assert packed is None and distributed is None
+        return
+    assert _untouched_gpus(node, packed) >= _untouched_gpus(node, distributed)
+
+
+@SETTINGS
+@given(node=nodes())
+def test_spread_never_touches_fewer_distinct_gpus_than_the_other_policies(node: Node) -> None:
+    spread = _allocate(Policy.SPREAD, node)
+    if spread is None:
+        return
+    for policy in (Policy.PACKED, Policy.DISTRIBUTED):
+        other = _allocate(policy, node)
+        assert other is not None
+        assert _distinct_gpus(node, spread) >= _distinct_gpus(node, other)
+
+
+@SETTINGS
+@given(node=nodes(), policy=st.sampled_from(list(Policy)))
+def test_pick_gpus_predicts_the_per_gpu_counts_of_shared_allocation(
+    node: Node, policy: Policy
+) -> None:
+    """The extender and the simulator score with pick_gpus; the agent allocates with
+    shared_allocation. Without must-include (the scheduler never has one) they must agree."""
+    plain = Node(node.devices, node.parent, node.available, [], node.size)
+    result = _allocate(policy, plain)
+    offered = Counter(node.parent[d] for d in node.available)
+    totals = Counter(node.parent.values())
+    loads = [GpuLoad(gpu, totals[gpu], offered[gpu]) for gpu in sorted(totals, reverse=True)]
+    if result is None:
+        try:
+            allocation.pick_gpus(policy, loads, node.size)
+        except AllocationError:
+            return
+        raise AssertionError("pick_gpus satisfied a request shared_allocation could not")
+    predicted = allocation.pick_gpus(policy, loads, node.size)
+    assert predicted == dict(Counter(node.parent[d] for d in result))

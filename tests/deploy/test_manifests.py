@@ -1,0 +1,181 @@
+"""deploy/: every manifest is valid for the target Kubernetes version, strictly, and names the
+flags, ports, paths and objects the code actually uses (one source of truth, no drift)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from common import config as agent_config
+from common import state
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.33.0"
+NOT_API_OBJECTS = {"kustomization.yaml", "kube-scheduler-config.yaml"}
+
+
+def _manifest_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*.yaml") if p.name not in NOT_API_OBJECTS)
+
+
+def _documents() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in _manifest_files():
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                yield path, doc
+
+
+def _find(kind: str, name: str) -> dict[str, Any]:
+    for path, doc in _documents():
+        if doc["kind"] == kind and doc["metadata"]["name"] == name and "overlays" not in path.parts:
+            return doc
+    raise AssertionError(f"no {kind} {name} in deploy/")
+
+
+def _container(kind: str, name: str) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = _find(kind, name)["spec"]["template"]["spec"]["containers"]
+    return containers[0]
+
+
+def _help(module: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize(
+    "path", _manifest_files(), ids=lambda p: f"{p.relative_to(DEPLOY)} is valid Kubernetes {K8S_VERSION}"
+)
+def test_manifest_is_strictly_valid(path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_kustomizations_list_files_that_exist() -> None:
+    for kustomization in DEPLOY.rglob("kustomization.yaml"):
+        doc = yaml.safe_load(kustomization.read_text())
+        for entry in [*doc.get("resources", []), *(p["path"] for p in doc.get("patches", []))]:
+            assert (kustomization.parent / entry).exists(), f"{kustomization}: {entry} missing"
+    listed = {
+        (DEPLOY / r).resolve() for r in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    }
+    base = {p.resolve() for p in _manifest_files() if "overlays" not in p.parts}
+    assert base == listed, "a base manifest is missing from deploy/kustomization.yaml"
+
+
+@pytest.mark.parametrize("flag_source", ["agent", "extender"])
+def test_manifest_flags_exist_in_the_cli(flag_source: str) -> None:
+    kind, name = ("DaemonSet", "sharepack-agent") if flag_source == "agent" else ("Deployment", "sharepack-extender")
+    container = _container(kind, name)
+    assert container["command"] == [f"sharepack-{flag_source}"]
+    usage = _help(flag_source)
+    for arg in container["args"]:
+        flag = arg.split("=", 1)[0]
+        assert re.search(rf"{re.escape(flag)}\b", usage), f"{kind} {name} passes {flag}, which the CLI lacks"
+
+
+def test_every_agent_config_in_a_configmap_is_valid() -> None:
+    seen = 0
+    for path, doc in _documents():
+        if doc["kind"] != "ConfigMap" or doc["metadata"]["name"] != "sharepack-agent-config":
+            continue
+        for key, text in doc["data"].items():
+            cfg = agent_config.load_config(file_text=text, file_source=f"{path}:{key}", env={}, flags={})
+            assert cfg is not None
+            seen += 1
+    assert seen >= 3  # base + both overlays
+
+
+def test_crd_matches_the_state_schema_constants() -> None:
+    crd = _find("CustomResourceDefinition", f"{state.PLURAL}.{state.GROUP}")
+    spec = crd["spec"]
+    assert (spec["group"], spec["names"]["plural"], spec["names"]["kind"], spec["scope"]) == (
+        state.GROUP, state.PLURAL, state.KIND, "Cluster",
+    )  # fmt: skip
+    assert [v["name"] for v in spec["versions"]] == [state.VERSION]
+
+
+def test_agent_mounts_the_kubelet_socket_directories_it_is_told_to_use() -> None:
+    container = _container("DaemonSet", "sharepack-agent")
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    for arg in container["args"]:
+        flag, _, value = arg.partition("=")
+        if flag in ("--kubelet-socket", "--pod-resources-socket"):
+            assert str(Path(value).parent) in mounts, f"{flag}={value} is not under a mounted host path"
+        if flag == "--config-file":
+            assert str(Path(value).parent) in mounts
+
+
+def test_extender_port_probes_service_and_scheduler_config_agree() -> None:
+    container = _container("Deployment", "sharepack-extender")
+    listen = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--listen="))
+    port = int(listen.rsplit(":", 1)[1])
+    assert container["ports"][0]["containerPort"] == port
+    service = _find("Service", "sharepack-extender")
+    assert service["spec"]["ports"][0]["port"] == port
+    assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {
+        "/readyz", "/healthz",
+    }  # fmt: skip
+    sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    ext = sched["extenders"][0]
+    assert ext["urlPrefix"] == f"http://sharepack-extender.sharepack-system.svc:{port}"
+    assert ext["nodeCacheCapable"] is True and sched["percentageOfNodesToScore"] == 100
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+
+
+def test_scheduler_config_manages_every_resource_the_agents_publish() -> None:
+    sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    managed = {r["name"] for r in sched["extenders"][0]["managedResources"]}
+    expected = {agent_config.GPU_RESOURCE, agent_config.GPU_RESOURCE + agent_config.SHARED_SUFFIX}
+    profiles = ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+    profiles += ("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+    expected |= {agent_config.MIG_RESOURCE_PREFIX + p for p in profiles}
+    assert expected <= managed, f"not managed: {sorted(expected - managed)}"
+
+
+def test_admission_policy_and_rbac_name_the_service_accounts_that_exist() -> None:
+    accounts = {
+        f"system:serviceaccount:{d['metadata']['namespace']}:{d['metadata']['name']}"
+        for _, d in _documents()
+        if d["kind"] == "ServiceAccount"
+    }
+    vap = _find("ValidatingAdmissionPolicy", "sharepack-agent-own-node")
+    (cond,) = vap["spec"]["matchConditions"]
+    named = re.search(r'"(system:serviceaccount:[^"]+)"', cond["expression"])
+    assert named and named.group(1) in accounts
+    for _, doc in _documents():
+        if doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            for subject in doc["subjects"]:
+                assert f"system:serviceaccount:{subject['namespace']}:{subject['name']}" in accounts
+
+
+CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
+
+
+@pytest.mark.skipif(not CHECKOV.exists(), reason="checkov's own environment is not installed (scripts/test makes it)")
+def test_checkov_finds_nothing_unjustified() -> None:
+    result = subprocess.run(
+        [str(CHECKOV), "-d", str(DEPLOY), "--framework", "kubernetes", "--compact", "--quiet", "--skip-download"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    summary = re.search(r"Passed checks: (\d+), Failed checks: (\d+), Skipped checks: (\d+)", result.stdout)
+    assert summary, result.stdout + result.stderr
+    assert int(summary.group(2)) == 0, result.stdout
+    # Every skip carries its reason in the annotation itself.
+    for _, doc in _documents():
+        for key, value in (doc["metadata"].get("annotations") or {}).items():
+            if key.startswith("checkov.io/skip"):
+                check, _, reason = value.partition("=")
+                assert re.fullmatch(r"CKV2?_K8S_\d+", check) and len(reason) > 20, value

@@ -1,0 +1,154 @@
+"""The extender's cluster view: published states, assumed pods, predictions, expiry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import state as published
+from common.policies import MigStrategy, Policy, Sharing
+from common.state import GpuState, NodeState, ResourceState
+from extender.caches import ClusterView
+
+SHARED = "nvidia.com/gpu.shared"
+
+
+def state_obj(name: str, gpus: list[tuple[int, int, tuple[str, ...]]], *, rv: str = "1",
+              policy: Policy = Policy.PACKED) -> dict[str, Any]:  # fmt: skip
+    state = NodeState(
+        "2026-11-30T03:00:00Z", "0.1.0", policy, MigStrategy.NONE,
+        (ResourceState(SHARED, Sharing.TIME_SLICING, False,
+                       tuple(GpuState(f"GPU-{i}", str(i), "A100", t, a, 0, pods)
+                             for i, (t, a, pods) in enumerate(gpus))),),
+    )  # fmt: skip
+    return {"metadata": {"name": name, "resourceVersion": rv}, "status": published.to_status(state)}
+
+
+def pod_obj(uid: str, node: str, n: int = 1, *, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"pod-{uid}", "namespace": "default", "uid": uid},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {SHARED: str(n)}}}]},
+        "status": {"phase": phase},
+    }
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def allocated(view: ClusterView, node: str) -> list[int]:
+    return [g.allocated for g in view.scorers[node].state.resources[0].gpus]
+
+
+def make(clock: Clock | None = None) -> ClusterView:
+    view = ClusterView(Policy.PACKED, assume_ttl=60.0, clock=clock or Clock())
+    view.replace_states([state_obj("node-a", [(4, 1, ("old",)), (4, 0, ())])])
+    return view
+
+
+def test_a_bound_pod_counts_with_its_predicted_placement_until_its_agent_reports_it() -> None:
+    view = make()
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    assert view.assumed["p1"].placement == {SHARED: ("GPU-0",)}
+    assert allocated(view, "node-a") == [2, 0]
+    # The agent publishes the pod on the predicted GPU: the assumption settles, and matches.
+    view.upsert_state(state_obj("node-a", [(4, 2, ("old", "p1")), (4, 0, ())], rv="2"))
+    assert view.assumed == {}
+    assert allocated(view, "node-a") == [2, 0]
+    assert view.metrics.predictions == {"match": 1, "mismatch": 0}
+    # A later event for the same pod does not assume it again.
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    assert view.assumed == {}
+
+
+def test_a_placement_the_agent_reports_elsewhere_is_a_mismatch() -> None:
+    view = make()
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    view.upsert_state(state_obj("node-a", [(4, 1, ("old",)), (4, 1, ("p1",))], rv="2"))
+    assert view.metrics.predictions == {"match": 0, "mismatch": 1}
+
+
+def test_a_pod_its_agent_already_counts_is_not_assumed() -> None:
+    view = make()
+    view.upsert_state(state_obj("node-a", [(4, 2, ("old", "p1")), (4, 0, ())], rv="2"))
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    assert view.assumed == {}
+    assert allocated(view, "node-a") == [2, 0]
+
+
+def test_an_assumption_expires_after_the_ttl_and_is_not_renewed() -> None:
+    clock = Clock()
+    view = make(clock)
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    clock.now += 59
+    assert view.expire() == 0
+    clock.now += 2
+    assert view.expire() == 1
+    assert allocated(view, "node-a") == [1, 0]
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    assert view.assumed == {}
+
+
+def test_a_deleted_or_finished_pod_stops_counting() -> None:
+    view = make()
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    view.upsert_pod(pod_obj("p2", "node-a"))
+    assert allocated(view, "node-a") == [3, 0]
+    view.delete_pod(pod_obj("p1", "node-a"))
+    view.upsert_pod(pod_obj("p2", "node-a", phase="Succeeded"))
+    assert view.assumed == {} and view.pods == {}
+    assert allocated(view, "node-a") == [1, 0]
+
+
+def test_assumed_pods_are_predicted_one_after_another() -> None:
+    view = make()
+    for uid in ("p1", "p2", "p3", "p4"):
+        view.upsert_pod(pod_obj(uid, "node-a"))
+    # Packed node: GPU-0 fills up (1 + 3), then the fourth goes to GPU-1.
+    assert [view.assumed[u].placement[SHARED] for u in ("p1", "p2", "p3", "p4")] == [
+        ("GPU-0",), ("GPU-0",), ("GPU-0",), ("GPU-1",),
+    ]  # fmt: skip
+    assert allocated(view, "node-a") == [4, 1]
+
+
+def test_an_unreadable_state_makes_the_node_unknown_not_infeasible() -> None:
+    view = make()
+    obj = state_obj("node-a", [(4, 0, ())], rv="2")
+    obj["status"]["schemaVersion"] = 99
+    view.upsert_state(obj)
+    assert "node-a" not in view.scorers
+    assert "schemaVersion" in view.invalid["node-a"]
+    view.upsert_state(state_obj("node-a", [(4, 0, ())], rv="3"))
+    assert "node-a" in view.scorers and view.invalid == {}
+
+
+def test_a_relist_drops_nodes_that_are_gone_and_keeps_assumptions() -> None:
+    view = make()
+    view.replace_states([state_obj("node-a", [(4, 1, ("old",)), (4, 0, ())]), state_obj("node-b", [(4, 0, ())])])
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    view.replace_states([state_obj("node-a", [(4, 1, ("old",)), (4, 0, ())], rv="5")])
+    assert set(view.scorers) == {"node-a"}
+    view.replace_pods([])
+    assert "p1" in view.assumed  # a /bind may be newer than the list; the TTL bounds it
+    assert allocated(view, "node-a") == [2, 0]
+
+
+def test_the_scorer_is_rebuilt_only_for_the_node_that_changed() -> None:
+    view = make()
+    view.upsert_state(state_obj("node-b", [(4, 0, ())]))
+    before_b = view.scorers["node-b"]
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    assert view.scorers["node-b"] is before_b
+
+
+def test_requests_seen_by_filter_are_remembered_for_bind() -> None:
+    from common import podrequests
+
+    view = make()
+    req = podrequests.decode_pod_request(pod_obj("p9", ""))
+    view.remember(req)
+    assert view.recalled("p9") == req
+    assert view.recalled("nope") is None

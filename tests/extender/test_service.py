@@ -1,0 +1,248 @@
+"""The whole extender process against the sandbox API server, through the real kubernetes client:
+informers (list + watch, reconnect), /bind creating the Binding, assumptions and predictions."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from kubernetes import config
+
+from common import state as published
+from common.policies import MigStrategy, Policy, Sharing
+from common.state import GpuState, NodeState, ResourceState
+from extender.__main__ import Options, Service, parse_args
+from extender.metrics import parse_text
+from sandbox import apiserver_resources as kinds
+from sandbox.apiserver import FakeApiServer
+
+SHARED = "nvidia.com/gpu.shared"
+
+
+def status(gpus: list[tuple[int, int, tuple[str, ...]]]) -> dict[str, Any]:
+    return published.to_status(NodeState(
+        "2026-11-30T03:00:00Z", "0.1.0", Policy.PACKED, MigStrategy.NONE,
+        (ResourceState(SHARED, Sharing.TIME_SLICING, False,
+                       tuple(GpuState(f"GPU-{i}", str(i), "A100", t, a, 0, pods)
+                             for i, (t, a, pods) in enumerate(gpus))),),
+    ))  # fmt: skip
+
+
+def publish(server: FakeApiServer, node: str, gpus: list[tuple[int, int, tuple[str, ...]]]) -> None:
+    """What a node's agent does: create its NodeGpuState once, then write its status."""
+    store, rt = server.store, kinds.NODE_GPU_STATES
+    if ("", node) not in store.objects[rt]:
+        store.create(rt, "", {"apiVersion": f"{published.GROUP}/{published.VERSION}",
+                              "kind": published.KIND, "metadata": {"name": node}})  # fmt: skip
+    obj = store.get(rt, "", node)
+    obj["status"] = status(gpus)
+    store.update(rt, "", node, obj, "status")
+
+
+def create_pod(server: FakeApiServer, name: str, n: int = 1) -> str:
+    pod = server.store.create(kinds.PODS, "default", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "image": "cuda",
+                                 "resources": {"limits": {SHARED: str(n)}, "requests": {SHARED: str(n)}}}]},
+    })  # fmt: skip
+    return str(pod["metadata"]["uid"])
+
+
+@pytest.fixture
+def tmp_short() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeApiServer]:
+    srv = FakeApiServer(bookmark_interval=0.2)
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.stop()
+
+
+@pytest.fixture
+async def service(server: FakeApiServer, tmp_short: Path) -> AsyncIterator[Service]:
+    publish(server, "node-a", [(4, 1, ("old",)), (4, 0, ())])
+    publish(server, "node-b", [(4, 0, ()), (4, 0, ())])
+    kubeconfig = server.write_kubeconfig(tmp_short / "kubeconfig")
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    svc = Service(Options(listen="127.0.0.1:0", kubeconfig=str(kubeconfig), assume_ttl_s=30.0), api=api)
+    for informer in svc.informers:
+        informer.backoff_initial_s = 0.05
+        informer.watch_timeout_s = 5.0
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        await svc.stop()
+        api.close()
+
+
+async def until(svc: Service, cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for a cache change that makes `cond` true (woken by the view, not by polling)."""
+    changed = asyncio.Event()
+    svc.view.on_change = changed.set
+    try:
+        async with asyncio.timeout(timeout):
+            while not cond():
+                changed.clear()
+                await changed.wait()
+    finally:
+        svc.view.on_change = None
+
+
+async def call(svc: Service, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http:
+        data = orjson.dumps(body) if body is not None else None
+        async with http.request(method, f"http://127.0.0.1:{svc.port}{path}", data=data) as resp:
+            raw = await resp.read()
+            try:
+                return resp.status, orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return resp.status, raw.decode()
+
+
+def allocated(svc: Service, node: str) -> list[int]:
+    return [g.allocated for g in svc.view.scorers[node].state.resources[0].gpus]
+
+
+async def synced(svc: Service) -> None:
+    for informer in svc.informers:
+        await asyncio.wait_for(informer.synced.wait(), 5)
+
+
+async def test_the_caches_list_and_become_ready(service: Service) -> None:
+    await synced(service)
+    assert (await call(service, "GET", "/readyz"))[0] == 200
+    await until(service, lambda: set(service.view.scorers) == {"node-a", "node-b"})
+    assert allocated(service, "node-a") == [1, 0]
+
+
+async def test_bind_creates_the_binding_and_counts_the_pod_at_once(server: FakeApiServer, service: Service) -> None:
+    await synced(service)
+    await until(service, lambda: "node-a" in service.view.scorers)
+    uid = create_pod(server, "trainer-0")
+    pod = server.store.get(kinds.PODS, "default", "trainer-0")
+    status_code, scores = await call(service, "POST", "/prioritize", {"Pod": pod, "NodeNames": ["node-a", "node-b"]})
+    assert status_code == 200
+    assert max(scores, key=lambda p: p["Score"])["Host"] == "node-a"
+
+    code, reply = await call(service, "POST", "/bind",
+                             {"PodName": "trainer-0", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"})
+    assert (code, reply) == (200, {"Error": ""})
+    assert server.store.get(kinds.PODS, "default", "trainer-0")["spec"]["nodeName"] == "node-a"
+    assert allocated(service, "node-a") == [2, 0]  # counted before any watch event
+    assert service.view.assumed[uid].placement == {SHARED: ("GPU-0",)}
+
+    # The agent reports the pod where predicted: the assumption settles as a match.
+    publish(server, "node-a", [(4, 2, ("old", uid)), (4, 0, ())])
+    await until(service, lambda: uid not in service.view.assumed)
+    assert allocated(service, "node-a") == [2, 0]
+    _, text = await call(service, "GET", "/metrics")
+    samples = parse_text(text)
+    assert samples['sharepack_extender_predictions_total{outcome="match"}'] == 1
+    assert samples['sharepack_extender_binds_total{result="success"}'] == 1
+
+
+async def test_bind_reads_a_pod_it_has_not_seen_and_reports_api_errors(server: FakeApiServer, service: Service) -> None:
+    await synced(service)
+    uid = create_pod(server, "fresh", n=2)
+    code, reply = await call(service, "POST", "/bind",
+                             {"PodName": "fresh", "PodNamespace": "default", "PodUID": uid, "Node": "node-b"})
+    assert (code, reply["Error"]) == (200, "")
+    assert sum(allocated(service, "node-b")) == 2
+    # Binding it again: the API refuses (already assigned) and the reply says so, HTTP 200.
+    code, reply = await call(service, "POST", "/bind",
+                             {"PodName": "fresh", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"})
+    assert code == 200 and "409" in reply["Error"] and "already assigned" in reply["Error"]
+    code, reply = await call(service, "POST", "/bind",
+                             {"PodName": "ghost", "PodNamespace": "default", "PodUID": "x", "Node": "node-a"})
+    assert code == 200 and "404" in reply["Error"]
+
+
+async def test_a_pod_bound_by_the_scheduler_itself_is_assumed_from_the_pod_watch(
+    server: FakeApiServer, service: Service
+) -> None:
+    await synced(service)
+    uid = create_pod(server, "self-bound")
+    server.store.bind("default", "self-bound", {"target": {"name": "node-b"}})
+    await until(service, lambda: uid in service.view.assumed)
+    assert sum(allocated(service, "node-b")) == 1
+    server.store.delete(kinds.PODS, "default", "self-bound")
+    await until(service, lambda: uid not in service.view.assumed)
+    assert sum(allocated(service, "node-b")) == 0
+
+
+async def test_the_informers_reconnect_after_an_api_outage(server: FakeApiServer, service: Service) -> None:
+    await synced(service)
+    lists = [i.lists for i in service.informers]
+    await server.pause("refuse")
+    await server.resume()
+    publish(server, "node-c", [(4, 0, ())])
+    await until(service, lambda: "node-c" in service.view.scorers)
+    # Deleting a NodeGpuState makes its node unknown again.
+    server.store.delete(kinds.NODE_GPU_STATES, "", "node-c")
+    await until(service, lambda: "node-c" not in service.view.scorers)
+    assert [i.lists for i in service.informers] >= lists
+
+
+async def test_without_api_the_extender_serves_every_node_as_unknown() -> None:
+    svc = Service(Options(listen="127.0.0.1:0"), api=None)
+    await svc.start()
+    try:
+        assert (await call(svc, "GET", "/readyz"))[0] == 200
+        code, reply = await call(svc, "POST", "/filter", {"Pod": {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {SHARED: "1"}}}]}}, "NodeNames": ["n1", "n2"]})  # fmt: skip
+        assert (code, reply["NodeNames"]) == (200, ["n1", "n2"])
+    finally:
+        await svc.stop()
+
+
+def test_flags() -> None:
+    opts = parse_args(["--listen", "127.0.0.1:9999", "--node-policy", "distributed", "--url-prefix", "/sp",
+                       "--log-format", "json"])  # fmt: skip
+    assert (opts.host_port, opts.node_policy, opts.url_prefix) == (("127.0.0.1", 9999), Policy.DISTRIBUTED, "/sp")
+    with pytest.raises(SystemExit):
+        parse_args(["--node-policy", "spreadd"])
+    with pytest.raises(SystemExit):
+        parse_args(["--tls-cert-file", "x"])
+    with pytest.raises(SystemExit):
+        parse_args(["--listen", "nope"])
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+async def test_https_with_the_given_certificate(tmp_short: Path) -> None:
+    crt, key = tmp_short / "tls.crt", tmp_short / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    svc = Service(Options(listen="127.0.0.1:0", tls_cert_file=str(crt), tls_private_key_file=str(key)), api=None)
+    await svc.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(crt))
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"https://localhost:{svc.port}/healthz", ssl=ctx) as resp:
+                assert resp.status == 200
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(f"http://localhost:{svc.port}/healthz") as resp:
+                    await resp.read()
+    finally:
+        await svc.stop()
+
+

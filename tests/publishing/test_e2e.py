@@ -1,0 +1,104 @@
+"""End to end: API server + fake kubelet + agent + publication, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.policies import Policy
+from sandbox import apiserver_resources as kinds
+from tests.publishing.harness import NODE, Node, Stopwatch, config, gpus, held, node, pods_of, time_slicing
+
+
+async def test_pods_started_through_the_kubelet_are_published_within_a_second() -> None:
+    async with node(config(time_slicing(4)), gpus(2)) as n:
+        first = await n.wait_state(lambda s: s.resource("nvidia.com/gpu") is not None)
+        assert [(g.total, g.allocated) for g in first.resources[0].gpus] == [(4, 0), (4, 0)]
+        uids = []
+        for i in range(3):
+            uid = await n.start_pod(f"p{i}")
+            watch = Stopwatch()
+            await n.wait_state(lambda s, uid=uid: uid in pods_of(s), timeout=1.0)
+            assert watch.elapsed() < 1.0
+            uids.append(uid)
+        state = await n.wait_state(lambda s: pods_of(s) == set(uids))
+        # distributed: 3 single replicas over 2 GPUs -> 2 + 1
+        assert sorted(held(state).values()) == [1, 2]
+        assert state.allocation_policy is Policy.DISTRIBUTED
+
+
+async def test_stopped_pods_release_their_counts() -> None:
+    async with node(config(time_slicing(2)), gpus(2)) as n:
+        for i in range(3):
+            await n.start_pod(f"p{i}")
+        await n.wait_state(lambda s: sum(held(s).values()) == 3)
+        await n.stop_pod("p0")
+        await n.stop_pod("p1")
+        watch = Stopwatch()
+        state = await n.wait_state(lambda s: sum(held(s).values()) == 1, timeout=1.5)
+        assert watch.elapsed() < 1.0
+        assert pods_of(state) == set(n.started.values())
+
+
+async def test_the_object_is_owned_by_the_node_and_only_status_is_written() -> None:
+    async with node(config(time_slicing(2)), gpus(1)) as n:
+        await n.wait_state(lambda s: True)
+        obj = n.server.store.get(kinds.NODE_GPU_STATES, "", NODE)
+        node_uid = n.server.store.get(kinds.NODES, "", NODE)["metadata"]["uid"]
+        assert obj["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid}
+        ]
+        assert obj["status"]["summary"] == {
+            "freeGpus": 1, "gpus": 1, "replicasUsed": 0, "replicasTotal": 2, "replicas": "0/2",
+        }
+        creates = [r for r in n.server.writes("nodegpustates") if r.method == "POST"]
+        assert len(creates) == 1
+        assert all(r.path.endswith("/status") for r in n.server.writes("nodegpustates") if r.method == "PUT")
+
+
+async def test_a_burst_of_pod_starts_is_coalesced_into_few_writes() -> None:
+    async with node(config(time_slicing(8)), gpus(4)) as n:
+        await n.wait_state(lambda s: True)
+        before = len(n.server.writes("nodegpustates"))
+        watch = Stopwatch()
+        uids = {await n.start_pod(f"p{i}") for i in range(24)}
+        await n.wait_state(lambda s: pods_of(s) == uids, timeout=3.0)
+        elapsed = watch.elapsed()
+        writes = len(n.server.writes("nodegpustates")) - before
+        # at most one write per min_interval (0.5 s), plus the first one after the debounce
+        assert writes <= int(elapsed / 0.5) + 2, (writes, elapsed)
+
+
+async def test_no_write_happens_when_nothing_changed() -> None:
+    async with node(config(time_slicing(2)), gpus(1)) as n:
+        await n.wait_state(lambda s: True)
+        before = len(n.server.writes("nodegpustates"))
+        # several PodResources polls go by (every 0.25 s) without any change
+        await asyncio.sleep(0.8)
+        assert len(n.server.writes("nodegpustates")) == before
+
+
+async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up() -> None:
+    async with node(config(time_slicing(4)), gpus(2)) as n:
+        await n.wait_state(lambda s: True)
+        # pods exist in the API before the outage; the kubelet starts them during it
+        uids = []
+        await n.server.pause("refuse")
+        for i in range(3):
+            uids.append(await n.start_pod(f"p{i}"))  # the fake store still accepts direct writes
+        assert len(n.kubelet.admissions()) == 3, "the device plugin kept allocating"
+        await asyncio.sleep(0.5)  # the outage lasts a while: the agent retries in the background
+        assert n.published() is not None and not pods_of(n.published())  # type: ignore[arg-type]
+        await n.server.resume()
+        watch = Stopwatch()
+        state = await n.wait_state(lambda s: pods_of(s) == set(uids), timeout=5.0)
+        assert sum(held(state).values()) == 3
+        assert watch.elapsed() < 3.0
+
+
+async def test_a_deleted_object_is_written_again() -> None:
+    async with node(config(time_slicing(2)), gpus(1)) as n:
+        await n.wait_state(lambda s: True)
+        n.server.store.delete(kinds.NODE_GPU_STATES, "", NODE)
+        await n.start_pod("p0")
+        state = await n.wait_state(lambda s: sum(held(s).values()) == 1)
+        assert state.resources[0].gpus[0].allocated == 1

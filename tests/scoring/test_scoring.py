@@ -1,0 +1,253 @@
+"""Node scoring: feasibility, predicted placement, the 0..10 score, and a packing scenario."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common import podrequests as pr
+from common import scoring
+from common.policies import MigStrategy, Policy, Sharing
+from common.state import GpuState, NodeState, ResourceState
+
+SHARED = "nvidia.com/gpu.shared"
+GPU = "nvidia.com/gpu"
+MIG = "nvidia.com/mig-1g.5gb"
+PACKED, DISTRIBUTED = Policy.PACKED, Policy.DISTRIBUTED
+
+Gpus = Sequence[tuple[int, int] | tuple[int, int, int]]  # (total, allocated[, unhealthy])
+
+
+def resource(name: str, gpus: Gpus, *, sharing: Sharing = Sharing.TIME_SLICING,
+             fail_gt_one: bool = False) -> ResourceState:  # fmt: skip
+    return ResourceState(
+        name, sharing, fail_gt_one,
+        tuple(GpuState(f"GPU-{i}", str(i), "NVIDIA A100-SXM4-40GB", g[0], g[1],
+                       g[2] if len(g) > 2 else 0) for i, g in enumerate(gpus)),  # type: ignore[misc]
+    )  # fmt: skip
+
+
+def node(gpus: Gpus, *, policy: Policy = PACKED, name: str = SHARED, **kw: object) -> NodeState:
+    res = resource(name, gpus, **kw)  # type: ignore[arg-type]
+    return NodeState("2026-11-30T03:00:00Z", "0.1.0", policy, MigStrategy.NONE, (res,))
+
+
+def request(*containers: int, init: Sequence[int] = (), name: str = SHARED, uid: str = "u") -> pr.PodRequest:
+    return pr.pod_request(pr.Pod(
+        uid, "ns", "p",
+        containers=tuple(pr.Container(f"c{i}", {name: n}) for i, n in enumerate(containers)),
+        init_containers=tuple(pr.Container(f"i{i}", {name: n}, kind=pr.ContainerKind.INIT)
+                              for i, n in enumerate(init)),
+    ))  # fmt: skip
+
+
+# --- feasibility ------------------------------------------------------------------------------
+
+INFEASIBLE = [
+    pytest.param(node([(4, 4), (4, 3)]), request(2), "not enough free devices: pod needs 2, node has 1", False,
+                 id="fewer free replicas than asked"),
+    pytest.param(node([(4, 2, 2), (4, 3)]), request(2), "node has 1", False,
+                 id="unhealthy replicas are not free"),
+    pytest.param(node([(7, 7), (7, 7)], name=MIG, sharing=Sharing.NONE), request(1, name=MIG), "node has 0", False,
+                 id="no free MIG instance of the profile"),
+    pytest.param(node([(4, 0)]), request(1, name=GPU), "publishes no such resource", True,
+                 id="a resource the node does not publish"),
+    pytest.param(node([(4, 0)], fail_gt_one=True), request(2), "failRequestsGreaterThanOne", True,
+                 id="multi-replica container where the node fails requests greater than one"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "req", "reason", "unresolvable"), INFEASIBLE)
+def test_nodes_that_cannot_host_the_pod_fail_with_a_reason(
+    state: NodeState, req: pr.PodRequest, reason: str, unresolvable: bool
+) -> None:
+    s = scoring.score_node(state, req, PACKED)
+    assert not s.feasible
+    assert reason in s.reason
+    assert s.unresolvable == unresolvable
+    assert s.score == 0
+
+
+def test_fail_requests_greater_than_one_allows_single_replicas_in_many_containers() -> None:
+    s = scoring.score_node(node([(4, 0)], fail_gt_one=True), request(1, 1), PACKED)
+    assert s.feasible
+    assert s.placement[SHARED] == ("GPU-0", "GPU-0")
+
+
+def test_a_pod_without_managed_resources_is_feasible_everywhere() -> None:
+    empty = pr.pod_request(pr.Pod("u", "ns", "p", (pr.Container("c", {}),)))
+    assert scoring.score_node(node([(4, 4)]), empty, PACKED) is scoring.NO_REQUEST
+
+
+# --- predicted placement: the node's own policy -----------------------------------------------
+
+PLACEMENT = [
+    pytest.param(node([(4, 1), (4, 2), (4, 0)], policy=PACKED), request(1), ("GPU-1",),
+                 id="a packed node gives the most used GPU"),
+    pytest.param(node([(4, 1), (4, 2), (4, 0)], policy=DISTRIBUTED), request(1), ("GPU-2",),
+                 id="a distributed node gives the least used GPU"),
+    pytest.param(node([(4, 3), (4, 0)], policy=PACKED), request(2), ("GPU-0", "GPU-1"),
+                 id="packed overflows to the next GPU when the fullest runs out"),
+    pytest.param(node([(4, 0), (4, 0)], policy=DISTRIBUTED), request(2), ("GPU-0", "GPU-1"),
+                 id="distributed rotates over equally loaded GPUs"),
+    pytest.param(node([(4, 0), (4, 0)], policy=PACKED), request(1, 1), ("GPU-0", "GPU-0"),
+                 id="containers are placed one after another on a packed node"),
+    pytest.param(node([(4, 0), (4, 0)], policy=PACKED), request(2, init=[2]), ("GPU-0", "GPU-0"),
+                 id="an app container reuses its init container's devices"),
+    pytest.param(node([(4, 0), (4, 0)], policy=PACKED), request(1, init=[3]), ("GPU-0", "GPU-0", "GPU-0"),
+                 id="init devices stay held for the pod"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "req", "expected"), PLACEMENT)
+def test_the_prediction_replays_the_nodes_allocation_policy(
+    state: NodeState, req: pr.PodRequest, expected: tuple[str, ...]
+) -> None:
+    s = scoring.score_node(state, req, PACKED)
+    assert s.feasible, s.reason
+    assert s.placement[SHARED] == expected
+
+
+# --- scores ---------------------------------------------------------------------------------
+
+RANKS = [
+    pytest.param(node([(4, 2), (4, 0)]), node([(4, 0), (4, 0)]), request(1),
+                 id="landing on a used GPU beats opening a fresh one"),
+    pytest.param(node([(4, 3), (4, 0)]), node([(4, 1), (4, 0)]), request(1),
+                 id="the tighter fit wins among used GPUs"),
+    pytest.param(node([(4, 4), (4, 0)]), node([(4, 0), (4, 0)]), request(1),
+                 id="a fuller node wins when both open a fresh GPU"),
+    pytest.param(node([(4, 0), (4, 0)]), node([(4, 2), (4, 0)]), request(4),
+                 id="a whole-GPU request prefers a free GPU it fills over splitting across a used one"),
+    pytest.param(node([(1, 1), (1, 0)], sharing=Sharing.NONE, name=SHARED),
+                 node([(1, 0), (1, 0)], sharing=Sharing.NONE, name=SHARED), request(1),
+                 id="full GPUs go to the fuller node"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("better", "worse", "req"), RANKS)
+def test_packed_ranks_and_distributed_reverses(better: NodeState, worse: NodeState, req: pr.PodRequest) -> None:
+    assert scoring.score_node(better, req, PACKED).score > scoring.score_node(worse, req, PACKED).score
+    # 0..10 is coarse: the reverse can tie where packed still tells the nodes apart.
+    assert scoring.score_node(better, req, DISTRIBUTED).score <= scoring.score_node(worse, req, DISTRIBUTED).score
+
+
+def test_scores_use_the_documented_formula() -> None:
+    # One replica on the used GPU of a half-used 2-GPU node: reuse 1, gpu_use 1/2, fit 3/4.
+    s = scoring.score_node(node([(4, 2), (4, 0)]), request(1), PACKED)
+    assert s.score == int(10 * (0.6 * 1 + 0.3 * 0.5 + 0.1 * 0.75) + 0.5) == 8
+    assert scoring.score_node(node([(4, 2), (4, 0)]), request(1), DISTRIBUTED).score == 2
+
+
+def test_a_mig_profile_packs_by_parent_gpu() -> None:
+    state = node([(7, 3), (7, 0)], name=MIG, sharing=Sharing.NONE, policy=PACKED)
+    s = scoring.score_node(state, request(2, name=MIG), PACKED)
+    assert s.placement[MIG] == ("GPU-0", "GPU-0")
+
+
+def test_the_scorer_memoises_by_request_shape() -> None:
+    scorer = scoring.NodeScorer(node([(4, 1)]), PACKED)
+    first = scorer.score(request(1, uid="a"))
+    assert scorer.score(request(1, uid="b")) is first
+    assert scorer.score(request(2, uid="c")) is not first
+    assert len(scorer) == 2
+
+
+def test_apply_then_remove_restores_the_state() -> None:
+    state = node([(4, 1), (4, 0)])
+    s = scoring.score_node(state, request(2), PACKED)
+    after = scoring.apply_placement(state, "pod-x", s.placement)
+    assert [g.allocated for g in after.resources[0].gpus] == [3, 0]
+    assert scoring.placed_gpus(after, "pod-x") == {SHARED: frozenset({"GPU-0"})}
+    assert scoring.remove_pod(after, "pod-x", s.placement) == state
+
+
+# --- properties -------------------------------------------------------------------------------
+
+gpu = st.integers(1, 8).flatmap(
+    lambda total: st.tuples(st.just(total), st.integers(0, total)).flatmap(
+        lambda ta: st.tuples(st.just(ta[0]), st.just(ta[1]), st.integers(0, ta[0] - ta[1]))
+    )
+)
+policies = st.sampled_from(list(Policy))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(gpu, min_size=1, max_size=8), st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       policies, policies)  # fmt: skip
+def test_properties_of_every_score(gpus: Gpus, sizes: list[int], node_policy: Policy, policy: Policy) -> None:
+    state = node(gpus, policy=node_policy)
+    req = request(*sizes)
+    s = scoring.score_node(state, req, policy)
+    free = sum(t - a - u for t, a, u in gpus)  # type: ignore[misc]
+    assert 0 <= s.score <= 10
+    assert s.feasible == (free >= sum(sizes))
+    if s.feasible:
+        taken = Counter(s.placement[SHARED])
+        assert sum(taken.values()) == sum(sizes)
+        for i, (t, a, u) in enumerate(gpus):  # type: ignore[misc]
+            assert taken.get(f"GPU-{i}", 0) <= t - a - u
+        other = scoring.score_node(state, req, PACKED if policy is not PACKED else DISTRIBUTED).score
+        assert abs((s.score + other) - 10) <= 1  # the reverse, up to rounding
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(2, 8), min_size=1, max_size=8), st.data())
+def test_packed_prefers_landing_on_used_gpus(totals: list[int], data: st.DataObject) -> None:
+    used = data.draw(st.integers(0, len(totals) - 1))
+    allocated = data.draw(st.integers(1, totals[used] - 1))
+    gpus = [(t, allocated if i == used else 0) for i, t in enumerate(totals)]
+    busy = node(gpus, policy=PACKED)
+    empty = node([(t, 0) for t in totals], policy=PACKED)
+    s = scoring.score_node(busy, request(1), PACKED)
+    assert s.placement[SHARED] == (f"GPU-{used}",)
+    assert s.score > scoring.score_node(empty, request(1), PACKED).score
+    assert scoring.score_node(busy, request(1), DISTRIBUTED).score < scoring.score_node(empty, request(1), DISTRIBUTED).score
+
+
+# --- scenario: shared pods, then whole-GPU pods ---------------------------------------------
+
+
+def run_stream(policy: Policy, nodes: int, shared: int, whole: int) -> tuple[int, int]:
+    """Schedule `shared` 1-replica pods then `whole` 4-replica pods (one GPU's worth) with
+    `policy` on nodes and extender; returns (whole pods landing on one free GPU, stranded)."""
+    states = {f"node-{i}": node([(4, 0), (4, 0)], policy=policy) for i in range(nodes)}
+    uid = 0
+
+    def place(req: pr.PodRequest) -> scoring.NodeScore | None:
+        nonlocal uid
+        scorers = [(n, scoring.NodeScorer(s, policy)) for n, s in states.items()]
+        best = scoring.best_node(scorers, req)
+        if best is None:
+            return None
+        name, s = best
+        uid += 1
+        states[name] = scoring.apply_placement(states[name], f"pod-{uid}", s.placement)
+        return s
+
+    for _ in range(shared):
+        assert place(request(1)) is not None
+    landed = stranded = 0
+    for _ in range(whole):
+        s = place(request(4))
+        if s is not None and len(set(s.placement[SHARED])) == 1:
+            landed += 1
+        else:
+            stranded += 1
+    return landed, stranded
+
+
+@pytest.mark.parametrize("shared", [6, 8, 10, 12])
+def test_packed_keeps_whole_gpus_for_whole_gpu_pods_where_distributed_strands_them(shared: int) -> None:
+    # 4 nodes x 2 GPUs x 4 replicas; packed fills at most two nodes with <= 12 shared pods, so
+    # the other two keep 4 whole GPUs. Distributed touches every GPU once there are 8 shared
+    # pods; with 6, the two untouched GPUs sit on nodes whose other GPU is used, and a
+    # distributed node splits a 4-replica request across both.
+    nodes, whole = 4, 4
+    assert run_stream(PACKED, nodes, shared, whole) == (whole, 0)
+    landed, stranded = run_stream(DISTRIBUTED, nodes, shared, whole)
+    assert landed == 0 and stranded == whole
