@@ -4,6 +4,11 @@
 
 Signals: SIGHUP reloads the config file (a bad one is logged, the old config keeps serving);
 the first SIGTERM/SIGINT drains gracefully, a second one exits at once.
+
+With a Kubernetes API (`--kubeconfig`, or in-cluster) and `--node-name`, the node's
+`NodeGpuState` is published (agent.publishing) and, with `--node-config-configmap`, the per-node
+config is followed live (agent.configwatching). Without an API the device plugin still serves.
+NVML problems at start honour `failOnInitError`: exit 1, or log and serve nothing until stopped.
 """
 
 from __future__ import annotations

@@ -153,6 +153,10 @@ class ConfigWatcher:
         except (ResourceError, ConfigError) as e:
             await self._reject(f"config {name} from {where} cannot be served on this node: {e}")
             return
+        except Exception as e:  # noqa: BLE001 - e.g. a plugin socket that would not serve
+            log.exception("applying config %s from %s failed", name, where)
+            await self._reject(f"config {name} from {where} could not be applied: {e}")
+            return
         self.applied = (name, configs[name])
         log.info("applied named config %s from %s", name, where, extra={"config": name})
         for warning in config.warnings:
@@ -168,15 +172,14 @@ class ConfigWatcher:
 
     async def _event(self, kind: str, reason: str, message: str) -> None:
         node = self.node.cache.get(("", self.node_name)) or {}
+        involved = {"apiVersion": "v1", "kind": "Node", "name": self.node_name}
+        uid = (node.get("metadata") or {}).get("uid")
+        if uid:
+            involved["uid"] = str(uid)
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {"generateName": f"{self.node_name}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node_name,
-                "uid": (node.get("metadata") or {}).get("uid", self.node_name),
-            },
+            "involvedObject": involved,
             "reason": reason,
             "message": message[:1024],
             "type": kind,

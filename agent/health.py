@@ -10,7 +10,9 @@ Policy (upstream NVIDIA device plugin semantics, kept on purpose):
 
 An XID hits every device of the physical GPU it names (all replicas of it); for MIG, only the
 instance it names, or all instances of the GPU for a whole-device event (no GI/CI). An event
-that names no GPU hits every device, because we cannot tell which one is broken.
+that names no GPU hits every device, because we cannot tell which one is broken. Health is
+kept per GPU or MIG instance (its UUID), so every replica of it, now or after a config reload,
+shares it.
 
 Beyond upstream (which never heals a device): with a quiet period configured, a device with no
 new critical XID for that long becomes healthy again. Off by default.
@@ -127,7 +129,8 @@ def affected_devices(
 
 
 class HealthBook:
-    """Which devices are unhealthy, and since when they last saw a critical XID.
+    """Which health units (GPU or MIG instance UUIDs) are unhealthy, and since when they last
+    saw a critical XID.
 
     Plain data (no I/O, no clock of its own): callers pass `now` (monotonic seconds).
     """
@@ -135,42 +138,42 @@ class HealthBook:
     def __init__(self) -> None:
         self._last_hit: dict[str, float] = {}
 
-    def is_healthy(self, device_id: str) -> bool:
-        return device_id not in self._last_hit
+    def is_healthy(self, unit: str) -> bool:
+        return unit not in self._last_hit
 
     @property
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self._last_hit)
 
-    def mark(self, device_ids: Iterable[str], now: float) -> frozenset[str]:
-        """Record a critical hit; returns the devices that *became* unhealthy."""
+    def mark(self, units: Iterable[str], now: float) -> frozenset[str]:
+        """Record a critical hit; returns the units that *became* unhealthy."""
         changed = set()
-        for device_id in device_ids:
-            if device_id not in self._last_hit:
-                changed.add(device_id)
-            self._last_hit[device_id] = now
+        for unit in units:
+            if unit not in self._last_hit:
+                changed.add(unit)
+            self._last_hit[unit] = now
         return frozenset(changed)
 
     def recover(self, now: float, quiet_s: float) -> frozenset[str]:
-        """Heal devices quiet for at least `quiet_s`; returns them. `quiet_s <= 0`: never heal."""
+        """Heal units quiet for at least `quiet_s`; returns them. `quiet_s <= 0`: never heal."""
         if quiet_s <= 0:
             return frozenset()
         healed = frozenset(d for d, t in self._last_hit.items() if now - t >= quiet_s)
-        for device_id in healed:
-            del self._last_hit[device_id]
+        for unit in healed:
+            del self._last_hit[unit]
         return healed
 
     def next_recovery(self, quiet_s: float) -> float | None:
-        """When (monotonic) the next device may heal; None when none will."""
+        """When (monotonic) the next unit may heal; None when none will."""
         if quiet_s <= 0 or not self._last_hit:
             return None
         return min(self._last_hit.values()) + quiet_s
 
-    def retain(self, device_ids: Iterable[str]) -> None:
-        """Forget devices that no longer exist (after a config reload)."""
-        keep = set(device_ids)
-        for device_id in [d for d in self._last_hit if d not in keep]:
-            del self._last_hit[device_id]
+    def retain(self, units: Iterable[str]) -> None:
+        """Forget units no longer served (after a config reload)."""
+        keep = set(units)
+        for unit in [d for d in self._last_hit if d not in keep]:
+            del self._last_hit[unit]
 
 
 WaitForXid = Callable[[int], "XidLike | None"]

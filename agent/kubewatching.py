@@ -77,10 +77,13 @@ class Reflector:
                     version = await self._watch(version)
             except WatchGone:
                 log.info("watch of %s: resource version too old; listing again", self.what)
-            except (aiohttp.ClientError, OSError, TimeoutError, ApiUnavailable, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - logged; a watch must outlive any API trouble
                 backoff = min(max(backoff * 2, self._backoff_initial_s), self._backoff_max_s)
-                log.warning(
-                    "watch of %s failed: %s; listing again in %.1fs", self.what, e or type(e).__name__, backoff
+                expected = isinstance(e, aiohttp.ClientError | OSError | TimeoutError | ApiUnavailable | ValueError)
+                log.log(
+                    logging.WARNING if expected else logging.ERROR,
+                    "watch of %s failed: %s; listing again in %.1fs", self.what, e or type(e).__name__, backoff,
+                    exc_info=None if expected else e,
                 )
                 await asyncio.sleep(random.uniform(backoff / 2, backoff))
 

@@ -122,7 +122,9 @@ class PodResourcesClient:
             try:
                 result = await call()
             except grpc.aio.AioRpcError as e:
-                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # gRPC also says RESOURCE_EXHAUSTED for a response over the receive limit:
+                # retrying that would only fail again.
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or "larger than max" in (e.details() or ""):
                     raise PodResourcesError(
                         f"podresources {method} at {self.socket}: {e.code().name}: {e.details()}"
                     ) from e

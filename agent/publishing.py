@@ -14,9 +14,11 @@ content (everything but `observedAt`) differs from what it last wrote. At the de
 published within about 0.2 s, and in any case within `settle_s + debounce_s + min_interval_s`
 (under 1 s) of the agent noticing it.
 
-The object is created when missing, owned by the Node (so it goes when the Node goes; the
-ownerReference needs the Node's uid, read from the API), and only its `/status` is written after
-that. Failures never reach the device plugin: the writer retries with exponential back-off and,
+Nothing is published before the first PodResources read and the first list of pods (so a
+restarted agent never flashes "all free"); a restarted agent whose state matches the object's
+writes nothing. The object is created when missing, owned by the Node (so it goes when the Node
+goes; the ownerReference needs the Node's uid, read from the API), and only its `/status` is
+written after that (a PUT carrying the resourceVersion we last saw: a 409 means read it again). Failures never reach the device plugin: the writer retries with exponential back-off and,
 when the API answers again, writes the state as it is *then*. Every `resync_s` it reads the
 object back and rewrites it if it is gone or differs (someone deleted or edited it).
 
@@ -227,24 +229,33 @@ class Publisher:
             try:
                 listing = await self._pod_resources.list()
                 allocatable = await self._pod_resources.allocatable()
-            except PodResourcesError as e:
+            except Exception as e:  # noqa: BLE001 - logged; the kubelet's trouble is not ours to die of
                 if not failing:
-                    log.warning("cannot read PodResources: %s; publishing what the agent knows meanwhile", e)
+                    log.log(
+                        logging.WARNING if isinstance(e, PodResourcesError) else logging.ERROR,
+                        "cannot read PodResources: %s; publishing what the agent knows meanwhile", e,
+                        exc_info=None if isinstance(e, PodResourcesError) else e,
+                    )
                 failing = True
                 continue
             if failing:
                 log.info("PodResources readable again")
                 failing = False
             changed = listing != self._listing or allocatable != self._allocatable
+            old_cutoff = self._list_started - self.settings.settle_s
+            # Allocations counted as pending so far leave that window now: rebuild then too.
+            pending = any(a.at > old_cutoff for a in self.agent.snapshot().allocations)
             self._listing, self._allocatable, self._list_started = listing, allocatable, started
             self._listed.set()
-            if changed or self.agent.snapshot().allocations:
-                # Recent allocations may have moved out of the pending window: rebuild.
+            if changed or pending:
                 self._dirty.set()
 
     async def _write_forever(self) -> None:
         s = self.settings
-        await self._listed.wait()  # never publish "nothing allocated" before the first read
+        # Never publish "nothing allocated" before the first PodResources read, nor pods
+        # without UIDs before the first list of pods (without the API we cannot write anyway).
+        await self._listed.wait()
+        await self.pods.reflector.synced.wait()
         last_write = float("-inf")
         while True:
             resync = False
@@ -272,7 +283,8 @@ class Publisher:
                 log.warning("NodeGpuState %s is gone; writing it again", self.node_name)
                 self._object, self.published = None, None
             return
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except Exception as e:  # noqa: BLE001 - the next resync tries again
+            log.debug("resync of NodeGpuState %s failed: %s", self.node_name, _describe(e))
             return
         assert isinstance(obj, dict)
         self._object = obj
@@ -298,7 +310,7 @@ class Publisher:
                 # Anything else (403 from RBAC, 422 from a newer CRD schema) is logged and
                 # retried too: publishing must never take the device plugin down with it.
                 await self._back_off(e, backoff := self._next_backoff(backoff))
-            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            except Exception as e:  # noqa: BLE001 - connection trouble, or a bug: logged, retried
                 await self._back_off(e, backoff := self._next_backoff(backoff))
 
     def _next_backoff(self, backoff: float) -> float:
@@ -306,16 +318,24 @@ class Publisher:
 
     async def _back_off(self, exc: BaseException, backoff: float) -> None:
         self.write_failures += 1
-        level = logging.WARNING if is_api_outage(exc) else logging.ERROR
-        log.log(level, "cannot publish NodeGpuState %s: %s; retrying in %.1fs", self.node_name, _describe(exc), backoff)
+        outage = is_api_outage(exc)
+        log.log(
+            logging.WARNING if outage else logging.ERROR,
+            "cannot publish NodeGpuState %s: %s; retrying in %.1fs", self.node_name, _describe(exc), backoff,
+            exc_info=None if outage or isinstance(exc, kclient.ApiException) else exc,
+        )
         await asyncio.sleep(random.uniform(backoff / 2, backoff))
 
     async def _write(self, state: NodeState) -> None:
         timeout = self.settings.request_timeout_s
+        doc = statebuilding.status_document(state)
         if self._object is None:
             self._object = await self._get_or_create()
+            if _same_status(self._object.get("status"), doc):
+                self.published = state  # e.g. after an agent restart: nothing to write
+                return
         body = dict(self._object)
-        body["status"] = statebuilding.status_document(state)
+        body["status"] = doc
         try:
             obj = await self._custom.replace_cluster_custom_object_status(
                 schema.GROUP, schema.VERSION, schema.PLURAL, self.node_name, body, _request_timeout=timeout

@@ -14,7 +14,8 @@ Interface for the publisher and the per-node config watcher (publish engineer):
                                       # allocations (resource, device IDs, monotonic time)
     snap = await agent.wait_changed(after=snap.version)   # blocks until something changed
     async for snap in agent.changes(): ...                 # the same, as an iterator (first item now)
-    await agent.apply_config(new_config)   # rebuild resources, restart + re-register the servers;
+    await agent.apply_config(new_config)   # rebuild resources; restart + re-register the servers
+                                           # when they changed (else swap the config in place);
                                            # raises ResourceError and keeps serving the old config
     ok = await agent.reload()              # SIGHUP: re-read config via the loader given at
                                            # construction; logs a clear error and keeps the old
@@ -105,7 +106,7 @@ class _ResourcePlugin:
 
     def device_health(self) -> Sequence[tuple[Device, bool]]:
         book = self._agent._book
-        return [(d, book.is_healthy(d.id)) for d in self._resource.devices]
+        return [(d, book.is_healthy(d.uuid)) for d in self._resource.devices]
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         agent = self._agent
@@ -177,7 +178,7 @@ class Agent:
             version=self._version,
             config=self.config,
             resources=self.resources,
-            unhealthy=self._book.unhealthy,
+            unhealthy=self._unhealthy_ids(),
             allocations=tuple(self._allocations),
         )
 
@@ -192,6 +193,10 @@ class Agent:
         while True:
             snap = await self.wait_changed(snap.version)
             yield snap
+
+    def _unhealthy_ids(self) -> frozenset[str]:
+        sick = self._book.unhealthy
+        return frozenset(d.id for r in self.resources for d in r.devices if d.uuid in sick)
 
     def server_sockets(self) -> dict[str, Path]:
         """Resource name -> socket path of the servers running now."""
@@ -323,13 +328,25 @@ class Agent:
     async def apply_config(self, config: Config) -> None:
         """Rebuild resources for `config` and replace the servers; on error keep the old ones."""
         resources = build_resources(self.inventory, config)  # raises ResourceError: nothing changed
+        if resources == self.resources:
+            # Same devices under the same names (e.g. only the policy or a device-list strategy
+            # changed): swap the config under the running servers instead of cutting their
+            # streams, which would make the kubelet see every device unhealthy for a moment.
+            self.config = config
+            self._response_options = self._options_for(config)
+            log.info(
+                "config applied (policy %s, mig strategy %s); resources unchanged, servers kept",
+                config.allocation_policy, config.mig_strategy,
+            )
+            self._notify()
+            return
         async with self._lock:
             await self._registrations.stop()
             await self._stop_servers(grace=self.settings.drain_grace_s)
             self.config = config
             self.resources = resources
             self._response_options = self._options_for(config)
-            self._book.retain(d.id for r in resources for d in r.devices)
+            self._book.retain(d.uuid for r in resources for d in r.devices)
             await self._start_servers()
         log.info(
             "config applied (policy %s, mig strategy %s): %s", config.allocation_policy, config.mig_strategy,
@@ -371,12 +388,16 @@ class Agent:
             log.info("xid %d on %s ignored (not a device failure)", event.xid, where)
             return
         hit = health.affected_devices(event, self.resources, self._instances)
-        changed = self._book.mark(hit, self._clock())
+        uuid_of = {d.id: d.uuid for r in self.resources for d in r.devices}
+        # Health is kept per GPU / MIG instance (the device's UUID), not per replica ID, so a
+        # config reload that changes replica counts or names cannot make a broken GPU healthy.
+        changed = self._book.mark({uuid_of[i] for i in hit}, self._clock())
         self._health_marked.set()
         if changed:
+            devices = sorted(i for i in hit if uuid_of[i] in changed)
             log.warning(
-                "xid %d on %s: marking %d device(s) unhealthy: %s", event.xid, where, len(changed),
-                ", ".join(sorted(changed)),
+                "xid %d on %s: marking %d device(s) unhealthy: %s", event.xid, where, len(devices),
+                ", ".join(devices),
                 extra={"xid": event.xid, "gpu": event.uuid},
             )
             self._notify()
@@ -395,8 +416,7 @@ class Agent:
             healed = self._book.recover(self._clock(), quiet)
             if healed:
                 log.info(
-                    "%d device(s) quiet for %.0fs, healthy again: %s", len(healed), quiet,
-                    ", ".join(sorted(healed)),
+                    "%s quiet for %.1fs: healthy again", ", ".join(sorted(healed)), quiet,
                 )
                 self._notify()
 

@@ -7,7 +7,9 @@ Prints, as the kubelet sees them:
   4 replicas, packed policy): p50 / p99 over `--rounds` calls from a gRPC client on the
   plugin's socket;
 * time from an XID injected into the simulator to the ListAndWatch message that reports the
-  devices unhealthy (the agent's thread waits in NVML; the stream is read by a plain client).
+  devices unhealthy (the agent's thread waits in NVML; the stream is read by a plain client);
+* time from a kubelet restart (sockets deleted, kubelet.sock re-created) until the resource is
+  registered again and its device list arrived (the fake kubelet's view).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def show(name: str, samples_s: list[float]) -> None:
     )
 
 
-async def bench(machine: str, rounds: int, xids: int) -> None:
+async def bench(machine: str, rounds: int, xids: int, restarts_n: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="spb-", dir="/tmp"))
     lib = nvml.load_library(machine)
     inventory = nvml.read_inventory(lib)
@@ -102,6 +104,14 @@ async def bench(machine: str, rounds: int, xids: int) -> None:
                 assert isinstance(update, api_pb2.ListAndWatchResponse)
             stream.cancel()
             show("injected XID -> ListAndWatch update", latencies)
+
+        restarts = []
+        for _ in range(restarts_n):
+            started = time.perf_counter()
+            await kubelet.restart()
+            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=10)
+            restarts.append(time.perf_counter() - started)
+        show("kubelet restart -> re-registered with devices", restarts)
     finally:
         agent.request_stop()
         await run
@@ -130,9 +140,10 @@ def main() -> None:
     parser.add_argument("--machine", default="dgx-a100")
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--xids", type=int, default=40)
+    parser.add_argument("--restarts", type=int, default=10)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    asyncio.run(bench(args.machine, args.rounds, args.xids))
+    asyncio.run(bench(args.machine, args.rounds, args.xids, args.restarts))
 
 
 if __name__ == "__main__":

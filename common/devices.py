@@ -36,12 +36,10 @@ def physical_key(device_id: str) -> str:
 
 
 def device_order(device_id: str) -> tuple[str, int, str]:
-    """Sort key that orders replicas of one device by replica number (2 before 10).
+    """Sort key among one GPU's candidates: base ID, then ID length, then text.
 
-    This is the deterministic tie-break among a GPU's candidates: the base ID, then the replica
-    number (an unreplicated device sorts as -1), then the raw ID so malformed suffixes still
-    order totally.
+    For replicas of one device (no leading zeros, as `replica_id` writes them) a shorter ID is a
+    smaller replica number, so this is replica-number order (`x::2` before `x::10`) and the bare
+    ID sorts first; it also orders any other text totally without parsing it.
     """
-    base, sep, suffix = device_id.partition(REPLICA_SEPARATOR)
-    n = int(suffix) if sep and suffix.isascii() and suffix.isdigit() else -1
-    return base, n, device_id
+    return physical_key(device_id), len(device_id), device_id

@@ -7,6 +7,20 @@ update / patch / delete, resource versions, 409 on stale writes, status subresou
 references and their garbage collection, and `Status` error bodies. Storage and semantics live
 in `apiserver_store`; this module maps HTTP onto them.
 
+Faithful details clients trip over: `create` of a custom resource with a status subresource
+drops `status` (write it through `/status`); a custom resource refuses an update without
+`metadata.resourceVersion` (422) and a strategic merge patch (415); a binding answers a `Status`
+(201), which the generated client cannot read as a `V1Binding`: call
+`create_namespaced_pod_binding(..., _preload_content=False)`; a watch from a version older than
+the kept history gets an ERROR event with code 410; a write that changes nothing keeps the
+resourceVersion and sends no event; an object whose owners are all gone is garbage-collected.
+
+Simplifications: one global resource-version counter and in-memory storage; list ignores
+`resourceVersion` (always the latest); deletion is immediate unless finalizers are set (no pod
+grace period, no Foreground/Orphan propagation); core/v1 and events.k8s.io/v1 Events are stored
+separately; no admission, defaulting, pruning or schema validation beyond names, ownerReferences,
+ConfigMap values and pod spec immutability; no authentication (any token is accepted).
+
 Test conveniences: `pause("unavailable")` answers 503, `pause("refuse")` stops listening and drops
 every connection (the port is reused on `resume()`), `fail_next(...)` injects errors,
 `requests` records every call.

@@ -89,6 +89,11 @@ async def test_mig_packed_groups_instances_by_parent_gpu() -> None:
         assert len(parents) == 1
 
 
+def _index(device_id: str) -> int:
+    """GPU index (= minor) of a harness GPU UUID."""
+    return int(device_id[len("GPU-"):len("GPU-") + 8], 16)
+
+
 @pytest.mark.parametrize(
     ("flags", "check"),
     [
@@ -99,7 +104,7 @@ async def test_mig_packed_groups_instances_by_parent_gpu() -> None:
         ),
         pytest.param(
             {"device-list-strategy": "envvar", "device-id-strategy": "index"},
-            lambda r, ids: r.envs["NVIDIA_VISIBLE_DEVICES"] in ("0,1", "1,0", "0,2", "2,0", "0,3", "3,0", "1,2", "2,1", "1,3", "3,1", "2,3", "3,2"),
+            lambda r, ids: sorted(r.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(str(_index(i)) for i in ids),
             id="envvar with index ids",
         ),
         pytest.param(
@@ -129,9 +134,10 @@ async def test_mig_packed_groups_instances_by_parent_gpu() -> None:
         ),
         pytest.param(
             {"pass-device-specs": "true"},
-            lambda r, ids: {d.container_path for d in r.devices} >= {"/dev/nvidia0", "/dev/nvidia1"} - set()
-            or {d.container_path for d in r.devices} & {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3"},
-            id="pass-device-specs adds device nodes",
+            lambda r, ids: {d.container_path for d in r.devices if d.container_path[len("/dev/nvidia"):].isdigit()}
+            == {f"/dev/nvidia{_index(i)}" for i in ids}
+            and all(d.permissions == "rw" and d.host_path == d.container_path for d in r.devices),
+            id="pass-device-specs adds the gpus device nodes",
         ),
     ],
 )
@@ -295,6 +301,44 @@ async def test_the_publisher_sees_allocations_health_and_config_changes() -> Non
         await agent.apply_config(config(time_slicing(3, rename=True)))
         snap = agent.snapshot()
         assert [r.name for r in snap.resources] == ["nvidia.com/gpu.shared"]
-        assert snap.unhealthy == set(), "replica ids changed with the rename: old health is dropped"
+        sick = {f"{gpu_uuid(0)}::{n}" for n in range(3)}
+        assert snap.unhealthy == sick, "a reload keeps a broken gpu broken, new replicas included"
         await kubelet.wait_for_resource("nvidia.com/gpu.shared")
         await changes.aclose()
+
+
+async def test_preferred_allocation_that_cannot_be_met_is_resource_exhausted() -> None:
+    async with fake_kubelet() as kubelet, running_agent(kubelet, config(), plain_gpus(2)) as agent:
+        path = agent.server_sockets()["nvidia.com/gpu"]
+        async with grpc.aio.insecure_channel(registering.unix_target(Path(path))) as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            request = api_pb2.PreferredAllocationRequest(container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=[gpu_uuid(0)], allocation_size=2)
+            ])
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.GetPreferredAllocation(request)
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "nvidia.com/gpu wants 2 of 1 available" in (info.value.details() or "")
+
+
+async def test_stopping_ends_the_streams_and_removes_the_sockets() -> None:
+    async with fake_kubelet() as kubelet:
+        async with running_agent(kubelet, config(), plain_gpus(2)) as agent:
+            socket = agent.server_sockets()["nvidia.com/gpu"]
+            assert kubelet.healthy("nvidia.com/gpu")
+        await kubelet.wait_until(lambda: not kubelet.healthy("nvidia.com/gpu"), timeout=2, what="stream ended")
+        assert not socket.exists()
+
+
+async def test_a_policy_only_reload_keeps_the_servers_and_takes_effect() -> None:
+    flags = {"shared-devices-allocation-policy": "distributed"}
+    loader = lambda: config(time_slicing(4), **flags)  # noqa: E731
+    async with fake_kubelet() as kubelet, running_agent(kubelet, loader(), plain_gpus(4), loader=loader) as agent:
+        registrations = len(kubelet.registrations)
+        flags["shared-devices-allocation-policy"] = "packed"
+        assert await agent.reload() is True
+        assert len(kubelet.registrations) == registrations, "no re-registration for a policy change"
+        used = set()
+        for uid in ("a", "b", "c"):
+            used |= {physical_key(d) for d in (await kubelet.admit_pod(pod(uid, "nvidia.com/gpu"))).devices("main", "nvidia.com/gpu")}
+        assert len(used) == 1, "packed is in effect"

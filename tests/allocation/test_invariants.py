@@ -151,11 +151,15 @@ LOADS = [GpuLoad("g0", 4, 4), GpuLoad("g1", 4, 1), GpuLoad("g2", 4, 3), GpuLoad(
 
 @pytest.mark.parametrize("policy", list(Policy))
 @pytest.mark.parametrize("size", [1, 3, 6, 10])
-def test_pick_gpus_gives_the_per_gpu_counts_shared_allocation_gives(policy: Policy, size: int) -> None:
+def test_pick_gpus_gives_the_per_gpu_counts_shared_allocation_gives(
+    policy: Policy, size: int
+) -> None:
     devices = [replica_id(load.key, n) for load in LOADS for n in range(load.total)]
     # The first `total - available` replicas of each GPU are held by other pods.
     available = [
-        replica_id(load.key, n) for load in LOADS for n in range(load.total - load.available, load.total)
+        replica_id(load.key, n)
+        for load in LOADS
+        for n in range(load.total - load.available, load.total)
     ]
     shared = allocation.shared_allocation(policy, devices, available, [], size)
     assert allocation.pick_gpus(policy, LOADS, size) == dict(Counter(map(physical_key, shared)))

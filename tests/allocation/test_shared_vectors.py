@@ -147,4 +147,5 @@ def test_allocate_request_is_validated_with_upstream_text(case: dict[str, Any]) 
 
 
 def test_every_vector_kind_is_covered() -> None:
-    assert {case["kind"] for case in CASES} == {"alloc", "comparator", "dispatch", "validate_request"}
+    kinds = {case["kind"] for case in CASES}
+    assert kinds == {"alloc", "comparator", "dispatch", "validate_request"}

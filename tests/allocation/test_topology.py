@@ -48,8 +48,12 @@ def test_pair_scores_are_looked_up_in_either_order() -> None:
     [
         pytest.param(["a0", "a1"], [], 0, id="size zero gets nothing"),
         pytest.param(["a0", "a1"], [], 3, id="fewer gpus than asked gets nothing"),
-        pytest.param(ALL_ISLAND_GPUS, ["a0", "a1", "a2"], 2, id="more required than the size gets nothing"),
-        pytest.param(["a0", "a1", "a2"], ["b0"], 2, id="a required gpu that is not available gets nothing"),
+        pytest.param(
+            ALL_ISLAND_GPUS, ["a0", "a1", "a2"], 2, id="more required than the size gets nothing"
+        ),
+        pytest.param(
+            ["a0", "a1", "a2"], ["b0"], 2, id="a required gpu that is not available gets nothing"
+        ),
     ],
 )
 def test_impossible_requests_get_an_empty_answer(
@@ -131,3 +135,16 @@ def test_answers_are_valid_and_the_exact_search_is_optimal(
     if budget:
         _, answers = best_effort_answers(scores, gpus, required, size)
         assert frozenset(result) in answers
+
+
+@pytest.mark.parametrize("n", [5, 8, 10])
+def test_exact_work_is_counted_exactly_before_the_search_runs(n: int) -> None:
+    # The up-front count decides exact vs heuristic; if it were low, a call could overrun.
+    scores = [[1] * n for _ in range(n)]
+    for size in range(1, n + 1):
+        for n_req in (0, 1):
+            work = topology.exact_work(n, size, n_req)
+            topology._exact(scores, n, size, n_req, work)  # within the count: never over budget
+            if n_req == 0:
+                with pytest.raises(topology._OverBudget):
+                    topology._exact(scores, n, size, n_req, work - 1)

@@ -80,6 +80,7 @@ async def test_an_invalid_named_config_is_reported_and_the_old_one_keeps_serving
         event = await wait_object(n.server, kinds.EVENTS, lambda e: e.get("reason") == "InvalidConfig")
         assert event["type"] == "Warning"
         assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
+        assert event["involvedObject"]["uid"] == n.server.store.get(kinds.NODES, "", NODE)["metadata"]["uid"]
         assert "spreadd" in event["message"]
         assert n.agent.config.allocation_policy is Policy.DISTRIBUTED
         # still serving: a pod is admitted, and published under the old policy

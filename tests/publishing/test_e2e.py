@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from common.policies import Policy
 from sandbox import apiserver_resources as kinds
 from tests.publishing.harness import NODE, Node, Stopwatch, config, gpus, held, node, pods_of, time_slicing
@@ -77,12 +79,13 @@ async def test_no_write_happens_when_nothing_changed() -> None:
         assert len(n.server.writes("nodegpustates")) == before
 
 
-async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up() -> None:
+@pytest.mark.parametrize("mode", ["refuse", "unavailable"], ids=["nothing listening", "answering 503"])
+async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up(mode: str) -> None:
     async with node(config(time_slicing(4)), gpus(2)) as n:
         await n.wait_state(lambda s: True)
         # pods exist in the API before the outage; the kubelet starts them during it
         uids = []
-        await n.server.pause("refuse")
+        await n.server.pause(mode)  # type: ignore[arg-type]
         for i in range(3):
             uids.append(await n.start_pod(f"p{i}"))  # the fake store still accepts direct writes
         assert len(n.kubelet.admissions()) == 3, "the device plugin kept allocating"
@@ -102,3 +105,89 @@ async def test_a_deleted_object_is_written_again() -> None:
         await n.start_pod("p0")
         state = await n.wait_state(lambda s: sum(held(s).values()) == 1)
         assert state.resources[0].gpus[0].allocated == 1
+
+
+async def test_devices_of_a_pod_the_kubelet_rejects_after_allocate_are_not_kept() -> None:
+    from sandbox.kubelet_pods import AdmissionError, ContainerSpec, PodSpec
+
+    async with node(config(time_slicing(2)), gpus(1)) as n:
+        await n.wait_state(lambda s: True)
+        # The device manager allocates the GPU replica, then the node-fit check fails on the
+        # other extended resource: the agent answered Allocate, but no pod holds the device.
+        bad = PodSpec(uid="rejected", name="rejected", containers=(
+            ContainerSpec("main", {"nvidia.com/gpu": 1, "example.com/widget": 1}),
+        ))
+        with pytest.raises(AdmissionError):
+            await n.kubelet.admit_pod(bad)
+        assert n.agent.snapshot().allocations, "the agent did allocate"
+        await asyncio.sleep(0.8)  # a few PodResources polls
+        state = n.published()
+        assert state is not None and sum(held(state).values()) == 0
+        uid = await n.start_pod("good")
+        state = await n.wait_state(lambda s: uid in pods_of(s))
+        assert sum(held(state).values()) == 1
+
+
+async def test_a_restarted_publisher_does_not_rewrite_an_unchanged_state() -> None:
+    from agent import publishing
+    from agent.podresources import PodResourcesClient
+
+    async with node(config(time_slicing(2)), gpus(1)) as n:
+        uid = await n.start_pod("p0")
+        await n.wait_state(lambda s: uid in pods_of(s))
+        writes = len(n.server.writes("nodegpustates"))
+        async with PodResourcesClient(n.kubelet.pod_resources_socket) as pr:
+            second = publishing.Publisher(n.agent, n.api, NODE, pr)
+            task = asyncio.create_task(second.run())
+            try:
+                await asyncio.sleep(1.0)  # it reads PodResources, builds the same state, reads the object
+            finally:
+                task.cancel()
+                await asyncio.wait([task])
+        assert second.published is not None and second.writes == 0
+        assert len(n.server.writes("nodegpustates")) == writes
+
+
+async def test_api_errors_that_are_not_outages_are_retried_too() -> None:
+    async with node(config(time_slicing(2)), gpus(1)) as n:
+        await n.wait_state(lambda s: True)
+        n.server.fail_next("PUT", "/nodegpustates/node-0/status", 403, times=2)
+        uid = await n.start_pod("p0")
+        await n.wait_state(lambda s: uid in pods_of(s), timeout=3.0)
+        statuses = [r.status for r in n.server.requests if r.method == "PUT" and r.path.endswith("/status")]
+        assert statuses[-3:] == [403, 403, 200]
+
+
+async def test_an_object_edited_by_someone_else_is_rewritten_at_resync() -> None:
+    import dataclasses
+
+    from tests.publishing.harness import FAST
+
+    async with node(config(time_slicing(2)), gpus(1), settings=dataclasses.replace(FAST, resync_s=0.3)) as n:
+        await n.wait_state(lambda s: True)
+        obj = n.server.store.get(kinds.NODE_GPU_STATES, "", NODE)
+        obj["status"]["allocationPolicy"] = "spread"
+        n.server.store.update(kinds.NODE_GPU_STATES, "", NODE, obj, "status")
+        assert n.published() is not None and n.published().allocation_policy is Policy.SPREAD  # type: ignore[union-attr]
+        await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED, timeout=2.0)
+
+
+async def test_unhealthy_devices_are_published() -> None:
+    from dataclasses import dataclass
+
+    from tests.publishing.harness import gpu_uuid
+
+    @dataclass(frozen=True)
+    class Xid:
+        uuid: str
+        xid: int = 48  # double-bit ECC error: critical
+        mig_gi: int | None = None
+        mig_ci: int | None = None
+
+    async with node(config(time_slicing(4)), gpus(2)) as n:
+        await n.wait_state(lambda s: True)
+        n.agent.handle_xid(Xid(gpu_uuid(1)))
+        state = await n.wait_state(lambda s: s.resources[0].gpus[1].unhealthy == 4)
+        assert [(g.total, g.allocated, g.unhealthy, g.free) for g in state.resources[0].gpus] == [
+            (4, 0, 0, 4), (4, 0, 4, 0),
+        ]

@@ -1,0 +1,171 @@
+"""`sharepack-demo` itself: its run (both policies, the real processes), its error paths, and
+that it leaves nothing behind (no child processes, no sockets, no temp dirs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from common import state as gpustate
+from sandbox import demo
+from tests.scenario.harness import children, processes_mentioning, unix_sockets_under
+
+pytestmark = pytest.mark.timeout(150)
+
+PLACED = re.compile(r"^(\w+): full-GPU pods placed (\d+)/(\d+)$", re.M)
+
+
+@pytest.fixture
+def sandbox_dirs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The temp dirs the demo makes (each policy's sandbox, each node's kubelet root)."""
+    made: list[Path] = []
+    real = tempfile.mkdtemp
+
+    def recording(*args: Any, **kwargs: Any) -> str:
+        path: str = real(*args, **kwargs)
+        made.append(Path(path))
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording)  # the module the demo calls it through
+    return made
+
+
+def test_the_demo_places_every_full_gpu_pod_under_packed_and_none_under_distributed(
+    sandbox_dirs: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = children(os.getpid())
+    rc = demo.main(["--nodes", "1", "--policy", "distributed,packed"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    results = {policy: (int(x), int(y)) for policy, x, y in PLACED.findall(out)}
+    assert set(results) == {"distributed", "packed"}, out
+    (x, y), (lost, total) = results["packed"], results["distributed"]
+    assert y > 0 and x == y, out
+    assert (lost, total) == (0, y), out
+    # The picture: one bar per GPU after the shared wave, e.g. "GPU0 ████ 4/4".
+    assert re.search(r"GPU\d+ [\u2588\u2591]+ \d+/\d+", out), out
+
+    # Nothing left behind: the agents and the extender are reaped, no socket is still bound,
+    # and every temp dir is gone.
+    assert children(os.getpid()) <= before
+    assert sandbox_dirs, "the demo made no temp dirs: this test no longer sees what it checks"
+    assert processes_mentioning(sandbox_dirs) == []
+    assert unix_sockets_under(sandbox_dirs) == []
+    assert [p for p in sandbox_dirs if p.exists()] == []
+
+
+BAD_WORKLOADS = {
+    "missing-file": (None, "No such file"),
+    "not-yaml": ("replicas: [1,\n", "invalid workload file"),
+    "not-a-mapping": ("- 1\n- 2\n", "expected a mapping with replicas and waves"),
+    "no-waves": ("replicas: 4\n", "no waves"),
+    "zero-replicas": ("replicas: 0\nwaves: [{count: 1}]\n", "replicas must be a positive integer, got 0"),
+    "wave-too-big": ("replicas: 2\nwaves: [{count: 1, replicas: 3}]\n", "waves[0].replicas must be 1..2, got 3"),
+    "negative-count": ("waves: [{count: -1}]\n", "waves[0].count must be >= 0, got -1"),
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD_WORKLOADS.values(), ids=BAD_WORKLOADS.keys())
+def test_a_bad_workload_file_is_a_clear_error_and_exit_code_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | None, expected: str
+) -> None:
+    path = tmp_path / "workload.yaml"
+    if text is not None:
+        path.write_text(text)
+    before = children(os.getpid())
+    rc = demo.main(["--nodes", "1", "--workload", str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert err.startswith(f"sharepack-demo: invalid workload file {path}: "), err
+    assert expected in err
+    assert "Traceback" not in err
+    assert PLACED.search(out) is None  # refused before any sandbox ran
+    assert children(os.getpid()) <= before
+
+
+BAD_ARGS = {
+    "policy-typo": (["--policy", "spreadd"], "invalid --policy option: spreadd"),
+    "policy-typo-in-list": (["--policy", "packed,spreadd"], "spreadd"),
+    "zero-nodes": (["--nodes", "0"], "--nodes must be at least 1, got 0"),
+    "nodes-not-a-number": (["--nodes", "two"], "invalid int value: 'two'"),
+}
+
+
+@pytest.mark.parametrize(("argv", "expected"), BAD_ARGS.values(), ids=BAD_ARGS.keys())
+def test_bad_options_are_usage_errors_naming_the_value(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        demo.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: sharepack-demo"), err
+    assert expected in err
+    if "policy" in expected or "spreadd" in expected:
+        assert "distributed, packed, spread" in err  # says what is valid
+
+
+def read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
+    """Stdout of `proc` up to the line holding `marker`; fails on exit or after `timeout`."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen = ""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while marker not in seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {marker!r} within {timeout:.0f} s:\n{seen}"
+            if sel.select(left):
+                line = proc.stdout.readline()
+                assert line, f"the demo exited ({proc.wait()}) before {marker!r}:\n{seen}"
+                seen += line
+    return seen
+
+
+def test_keep_running_serves_a_kubeconfig_and_ctrl_c_stops_everything() -> None:
+    # Ctrl-C reaches the whole foreground process group: the demo and its agents and extender.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandbox.demo", "--nodes", "1", "--policy", "packed", "--keep-running"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out = read_until(proc, "Ctrl-C to stop", timeout=90)
+        found = re.search(r"kubeconfig: (\S+)", out)
+        assert found, out
+        kubeconfig = Path(found.group(1))
+        root = kubeconfig.parent
+
+        # What `kubectl --kubeconfig ... get nodegpustates,pods` reads, through the same client.
+        api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        with api:
+            custom: Any = kubernetes.client.CustomObjectsApi(api)
+            states = custom.list_cluster_custom_object(gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL)
+            assert [o["metadata"]["name"] for o in states["items"]] == ["node-0"]
+            pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(demo.NAMESPACE).items
+            assert pods and all(p.spec.node_name == "node-0" for p in pods)
+        assert processes_mentioning([root]), "the stack is not running: the checks below see nothing"
+
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert "interrupted: sandbox stopped" in err
+        assert "Traceback" not in err
+        assert processes_mentioning([root]) == []
+        assert unix_sockets_under([root]) == []
+        assert not root.exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
