@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import nvml, options
+from agent import nvml, nvmlsim, options
 from agent.errors import OptionsError
 from agent.health import XidPolicy
 from agent.running import Agent, Settings
@@ -94,7 +94,9 @@ def config_loader(opts: options.Options) -> Callable[[], Config]:
 async def serve(opts: options.Options, config: Config) -> int:
     loop = asyncio.get_running_loop()
     try:
-        lib = await asyncio.to_thread(nvml.load_library, opts.simulated_machine)
+        lib = await asyncio.to_thread(
+            nvml.load_library, opts.simulated_machine, control_file=opts.env.get(nvmlsim.CONTROL_ENV)
+        )
     except nvml.NvmlUnavailable as e:
         if config.fail_on_init_error:
             log.error("cannot start: %s (failOnInitError is true)", e)

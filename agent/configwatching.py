@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Protocol
 
-import aiohttp
 from kubernetes.aio import client as kclient
 
 from agent.kubewatching import Key, Obj, Reflector
@@ -194,5 +193,5 @@ class ConfigWatcher:
             event = kclient.CoreV1Event.from_dict(body)
             assert event is not None
             await self._core.create_namespaced_event(EVENT_NAMESPACE, event, _request_timeout=5)
-        except (kclient.ApiException, aiohttp.ClientError, OSError, TimeoutError) as e:
+        except Exception as e:  # noqa: BLE001 - an event is best effort; the log line stays
             log.warning("cannot record event %s on node %s: %s", reason, self.node_name, e)

@@ -20,7 +20,6 @@ The agent honours failOnInitError by catching `NvmlUnavailable` only.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -114,16 +113,15 @@ def load_library(
     simulated_machine: str | None, *, control_file: str | None = None
 ) -> NvmlLibrary:
     """NVML, initialised: the real driver's (None) or a simulated machine (a built-in name or a
-    machine file). `control_file` (default: $SHAREPACK_NVMLSIM_CONTROL) lets other processes
-    inject XIDs into a simulated machine. Raises NvmlUnavailable when NVML cannot start, and
+    machine file). `control_file` lets other processes inject XIDs into a simulated machine
+    (the composition root passes $SHAREPACK_NVMLSIM_CONTROL). Raises NvmlUnavailable when NVML cannot start, and
     agent.nvmlsim.MachineError for a bad machine."""
     lib: NvmlLibrary
     if simulated_machine is not None:
         from agent import nvmlsim  # only simulated runs pay for loading machine descriptions
 
         machine = nvmlsim.load_machine(simulated_machine)
-        control = control_file if control_file is not None else os.environ.get(nvmlsim.CONTROL_ENV)
-        lib = nvmlsim.SimulatedNvml(machine, control_file=control or None)
+        lib = nvmlsim.SimulatedNvml(machine, control_file=control_file or None)
         where = f"simulated machine {machine.source}"
     else:
         lib = pynvml

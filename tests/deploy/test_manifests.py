@@ -4,6 +4,7 @@ flags, ports, paths and objects the code actually uses (one source of truth, no 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -68,11 +69,27 @@ def test_kustomizations_list_files_that_exist() -> None:
         doc = yaml.safe_load(kustomization.read_text())
         for entry in [*doc.get("resources", []), *(p["path"] for p in doc.get("patches", []))]:
             assert (kustomization.parent / entry).exists(), f"{kustomization}: {entry} missing"
-    listed = {
-        (DEPLOY / r).resolve() for r in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
-    }
-    base = {p.resolve() for p in _manifest_files() if "overlays" not in p.parts}
-    assert base == listed, "a base manifest is missing from deploy/kustomization.yaml"
+    base_dir = DEPLOY / "base"
+    listed = {(base_dir / r).resolve() for r in yaml.safe_load((base_dir / "kustomization.yaml").read_text())["resources"]}
+    base = {p.resolve() for p in _manifest_files() if "base" in p.relative_to(DEPLOY).parts}
+    assert base == listed, "a base manifest is missing from deploy/base/kustomization.yaml"
+
+
+KUBECTL = shutil.which("kubectl")
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
+@pytest.mark.parametrize("target", ["base", "overlays/time-slicing", "overlays/mig"])
+def test_kustomize_builds_valid_manifests(target: str) -> None:
+    assert KUBECTL is not None
+    built = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "CustomResourceDefinition", "ConfigMap"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    agent_config.load_config(file_text=cm["data"]["default"], file_source=f"{target}:default", env={}, flags={})
 
 
 @pytest.mark.parametrize("flag_source", ["agent", "extender"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent import nvml
-from agent.nvmlsim import CONTROL_ENV, SimulatedNvml, control_line
+from agent.nvmlsim import SimulatedNvml, control_line
 from common.inventory import Inventory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,12 +109,9 @@ def test_injecting_into_an_unknown_device_is_an_error(
         lib.inject_xid("GPU-nope", 79)
 
 
-def test_another_process_injects_through_the_control_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_another_process_injects_through_the_control_file(tmp_path: Path) -> None:
     control = tmp_path / "control"
-    monkeypatch.setenv(CONTROL_ENV, str(control))
-    lib = nvml.load_library("t4-pcie")
+    lib = nvml.load_library("t4-pcie", control_file=str(control))
     try:
         uuid = nvml.read_inventory(lib).gpus[2].uuid
         with nvml.XidWatcher(lib) as watcher:

@@ -8,7 +8,7 @@ import pytest
 
 from common.policies import Policy
 from sandbox import apiserver_resources as kinds
-from tests.publishing.harness import NODE, Node, Stopwatch, config, gpus, held, node, pods_of, time_slicing
+from tests.publishing.harness import NODE, Stopwatch, config, gpus, held, node, pods_of, time_slicing
 
 
 async def test_pods_started_through_the_kubelet_are_published_within_a_second() -> None:
