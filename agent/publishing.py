@@ -219,11 +219,8 @@ class Publisher:
     async def _poll_pod_resources(self) -> None:
         failing = False
         while True:
-            try:
-                await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval_s)
+            if await _wait_event(self._kick, self.settings.poll_interval_s):
                 await asyncio.sleep(self.settings.settle_s)
-            except TimeoutError:
-                pass
             self._kick.clear()
             started = self._clock()
             try:
@@ -258,11 +255,7 @@ class Publisher:
         await self.pods.reflector.synced.wait()
         last_write = float("-inf")
         while True:
-            resync = False
-            try:
-                await asyncio.wait_for(self._dirty.wait(), s.resync_s)
-            except TimeoutError:
-                resync = True
+            resync = not await _wait_event(self._dirty, s.resync_s)
             if not resync:
                 wait = max(s.debounce_s, last_write + s.min_interval_s - self._clock())
                 await asyncio.sleep(wait)
@@ -392,6 +385,18 @@ class Publisher:
             log.info("created NodeGpuState %s (owned by Node uid %s)", self.node_name, node_uid)
         assert isinstance(obj, dict)
         return obj
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Whether `event` was set within `timeout`. (asyncio.timeout, not wait_for: on Python 3.11
+    wait_for can swallow a cancellation that races with the event, leaving a task that never
+    stops.)"""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 def _same_status(a: Any, b: Mapping[str, Any]) -> bool:

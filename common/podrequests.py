@@ -161,6 +161,17 @@ def pod_request(pod: Pod, managed: Managed | None = None) -> PodRequest:
     return PodRequest(pod.uid, pod.namespace, pod.name, tuple(containers))
 
 
+def restrict(request: PodRequest, keep: Callable[[str], bool]) -> PodRequest:
+    """The same request without the resources `keep` rejects (itself when nothing goes)."""
+    if all(keep(name) for name, _ in request.totals):
+        return request
+    containers = tuple(
+        ContainerRequest(c.name, c.kind, tuple((r, n) for r, n in c.amounts if keep(r)))
+        for c in request.containers
+    )
+    return PodRequest(request.uid, request.namespace, request.name, containers)
+
+
 # --- the raw Pod JSON -------------------------------------------------------------------------
 
 # resource.Quantity as JSON: a string (or, from hand-written clients, a number). Extended

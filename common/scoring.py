@@ -44,9 +44,11 @@ unknown: they pass the filter and score 0 (the lowest), so they are chosen only 
 better is known. Kube-scheduler multiplies the score by weight x 10 and does not clamp, hence
 the hard 0..10 bound.
 
-Cost: one simulation is O(containers x n log m); the extender memoises per node state version
-and request shape (`NodeScorer`), so a prioritize over many nodes costs two dict lookups per
-node once warm.
+Cost: one simulation is O(containers x n log m) (~20 us for one container on 8 GPUs); the
+extender memoises per node state version and request shape (`NodeScorer`), so a prioritize
+over many nodes costs two dict lookups per node once warm, and shares results between nodes
+whose states differ only by GPU names (`ScoreTemplates`), so identical machines are simulated
+once per request shape.
 """
 
 from __future__ import annotations
@@ -100,11 +102,17 @@ def _take(policy: Policy, pool: dict[str, int], size: int) -> dict[str, int]:
     return allocation.pick_gpus(policy, loads, size)
 
 
+def _free(g: GpuState) -> int:
+    # Clamped so that a published state with inconsistent counts (negative, over-full) still
+    # gives the loop a valid load instead of an exception on the request path.
+    return min(g.free, max(g.total, 0))
+
+
 def _simulate(res: ResourceState, request: PodRequest, policy: Policy) -> dict[str, int] | NodeScore:
     """Counts per GPU the pod ends up holding of `res`, or the infeasible score saying why."""
     name = res.name
-    free = {g.key: g.free for g in res.gpus}
-    totals = {g.key: g.total for g in res.gpus}
+    free = {g.key: _free(g) for g in res.gpus}
+    totals = {g.key: max(g.total, 0) for g in res.gpus}
     held: dict[str, int] = {}
     reusable: dict[str, int] = {}
     for c in request.containers:
@@ -161,7 +169,7 @@ def score_node(state: NodeState, request: PodRequest, node_policy: Policy) -> No
         res = state.resource(name)
         if res is None:
             return _infeasible(f"{name}: node publishes no such resource", unresolvable=True)
-        free = sum(g.free for g in res.gpus)
+        free = sum(_free(g) for g in {g.key: g for g in res.gpus}.values())
         if free < total:
             return _infeasible(f"{name}: not enough free devices: pod needs {total}, node has {free}")
 
@@ -263,25 +271,133 @@ def placement_gpus(placement: Placement) -> dict[str, frozenset[str]]:
     return {name: frozenset(keys) for name, keys in placement.items() if keys}
 
 
+def signature(state: NodeState) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
+    """A key under which node states score alike, and the node's GPU keys in that key's order.
+
+    `score_node` looks at GPU keys only to tell GPUs apart and to break ties by key order, so
+    two states that differ only by an order-preserving renaming of keys (identical machines
+    with identical usage) get the same score, reason and, renamed, placement. None for states
+    with a GPU key repeated within a resource (never shared).
+    """
+    keys = sorted({g.key for r in state.resources for g in r.gpus})
+    pos = {k: i for i, k in enumerate(keys)}
+    parts: list[object] = [state.allocation_policy]
+    for r in state.resources:
+        if len({g.key for g in r.gpus}) != len(r.gpus):
+            return None
+        gpus = tuple(sorted((pos[g.key], g.total, g.allocated, g.unhealthy) for g in r.gpus))
+        parts.append((r.name, r.sharing, r.fail_requests_greater_than_one, gpus))
+    return tuple(parts), tuple(keys)
+
+
+class ScoreTemplates:
+    """Scores shared between nodes with the same `signature`, for one node policy.
+
+    On a cluster of identical machines most nodes look alike (empty, or full): the first of
+    them pays for the simulation, the others rename the placement. Signatures are interned to
+    ints when a scorer is built (on the watch path), so a lookup hashes an int and a string.
+    """
+
+    __slots__ = ("node_policy", "_ids", "_memo", "_next", "max_entries")
+
+    def __init__(self, node_policy: Policy, *, max_entries: int = 1 << 16) -> None:
+        self.node_policy = node_policy
+        self._ids: dict[tuple[object, ...], int] = {}
+        self._memo: dict[tuple[int, str], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]] = {}
+        self._next = 0
+        self.max_entries = max_entries
+
+    def intern(self, sig: tuple[object, ...]) -> int:
+        sid = self._ids.get(sig)
+        if sid is None:
+            if len(self._ids) >= self.max_entries:
+                self._ids.clear()  # ids are never reused, so old scorers stay correct
+            self._next += 1
+            sid = self._ids[sig] = self._next
+        return sid
+
+    def _entry(
+        self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest
+    ) -> tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]:
+        memo_key = (sid, request.shape)
+        hit = self._memo.get(memo_key)
+        if hit is None:
+            s = score_node(state, request, self.node_policy)
+            pos = {k: i for i, k in enumerate(keys)}
+            where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
+            if len(self._memo) >= self.max_entries:
+                self._memo.clear()
+            hit = self._memo[memo_key] = (s, where)
+        return hit
+
+    def score(self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest) -> NodeScore:
+        """The node's own score: the shared one with the placement renamed to its GPUs."""
+        s, where = self._entry(sid, keys, state, request)
+        if not where:
+            return s
+        placement = MappingProxyType({r: tuple(keys[i] for i in idx) for r, idx in where})
+        if placement == s.placement:
+            return s
+        return NodeScore(s.feasible, s.score, s.reason, placement, s.unresolvable)
+
+    def verdict(self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest) -> NodeScore:
+        """The shared score as is: its placement may name an alike node's GPUs."""
+        return self._entry(sid, keys, state, request)[0]
+
+
 class NodeScorer:
-    """Scores of one node state version, memoised per request shape.
+    """Scores of one node state version, memoised per request shape (and, with `templates`,
+    shared with alike nodes).
 
     Build a new one whenever the node's effective state changes; the old memo goes with it.
     """
 
-    __slots__ = ("state", "version", "node_policy", "_memo")
+    __slots__ = ("state", "version", "node_policy", "_memo", "_templates", "_sid", "_keys")
 
-    def __init__(self, state: NodeState, node_policy: Policy, version: object = None) -> None:
+    def __init__(
+        self,
+        state: NodeState,
+        node_policy: Policy,
+        version: object = None,
+        *,
+        templates: ScoreTemplates | None = None,
+    ) -> None:
         self.state = state
         self.version = version
         self.node_policy = node_policy
         self._memo: dict[str, NodeScore] = {}
+        self._templates: ScoreTemplates | None = None
+        self._sid = 0
+        self._keys: tuple[str, ...] = ()
+        if templates is not None and templates.node_policy == node_policy:
+            sig = signature(state)
+            if sig is not None:
+                self._templates = templates
+                self._sid = templates.intern(sig[0])
+                self._keys = sig[1]
 
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)
         if hit is None:
-            hit = self._memo[request.shape] = score_node(self.state, request, self.node_policy)
+            t = self._templates
+            if t is None:
+                hit = score_node(self.state, request, self.node_policy)
+            else:
+                hit = t.score(self._sid, self._keys, self.state, request)
+            self._memo[request.shape] = hit
         return hit
+
+    def verdict(self, request: PodRequest) -> NodeScore:
+        """Feasibility, score and reason, as `score` gives them, without renaming a shared
+        placement: its `placement` may name the GPUs of an alike node. What filter and
+        prioritize need, at two dict lookups per node even when the node is new."""
+        hit = self._memo.get(request.shape)
+        if hit is not None:
+            return hit
+        t = self._templates
+        if t is None:
+            return self.score(request)
+        return t.verdict(self._sid, self._keys, self.state, request)
 
     def __len__(self) -> int:
         return len(self._memo)

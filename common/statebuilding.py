@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 from types import MappingProxyType
 
 from common.policies import MigStrategy, Policy
@@ -51,6 +52,93 @@ def group_pod_devices(
     for resource, ids in entries:
         grouped.setdefault(resource, set()).update(ids)
     return PodDevices(namespace, name, {r: frozenset(ids) for r, ids in grouped.items()})
+
+
+class AllocationLike(Protocol):
+    """One Allocate the agent answered (`agent.running.Allocation`): one container, one resource."""
+
+    @property
+    def resource(self) -> str: ...
+
+    @property
+    def device_ids(self) -> tuple[str, ...]: ...
+
+    @property
+    def at(self) -> float: ...
+
+
+def app_allocations(allocations: Sequence[AllocationLike], pods: Sequence[PodDevices]) -> set[AllocationLike]:
+    """The allocations PodResources shows now: all of their devices held by one listed pod (an
+    app container or a sidecar). The publisher remembers them, so that after their pod ended
+    they are never mistaken for an init container's (see `with_init_container_devices`)."""
+    found: set[AllocationLike] = set()
+    for alloc in allocations:
+        ids = frozenset(alloc.device_ids)
+        if any(ids <= pod.devices.get(alloc.resource, frozenset()) for pod in pods):
+            found.add(alloc)
+    return found
+
+
+def with_init_container_devices(
+    pods: Sequence[PodDevices],
+    allocations: Sequence[AllocationLike],
+    *,
+    ever_listed: Collection[AllocationLike],
+    window_s: float = 1.0,
+) -> tuple[PodDevices, ...]:
+    """`pods`, plus the devices their plain init containers still hold.
+
+    The kubelet keeps every device of a pod's init containers allocated until the pod ends
+    (later containers reuse them first), but PodResources lists app containers and sidecars
+    only. An init container's surplus would look free although the kubelet offers it to no one.
+    We recover it from the agent's own Allocate log: the kubelet admits one pod at a time,
+    init containers first, and a container reuses the devices of the one before. So an
+    allocation never listed in PodResources that is followed, within `window_s` and in the same
+    resource, by an allocation of a listed pod sharing a device with it, belongs to that pod
+    (and so on backwards through several init containers); its devices that no pod lists are
+    held by that pod.
+
+    Misattribution needs an unlisted allocation (a pod the kubelet rejected after Allocate, or
+    one that ended before PodResources was read) followed within `window_s` by another pod
+    reusing one of its devices: the other pod is then shown holding more, never less, until it
+    ends. An init container whose resource no later container uses at all cannot be recovered.
+    """
+    listed_devices: dict[str, set[str]] = {}
+    for pod in pods:
+        for res, ids in pod.devices.items():
+            listed_devices.setdefault(res, set()).update(ids)
+    extra: dict[int, dict[str, set[str]]] = {}
+    by_resource: dict[str, list[AllocationLike]] = {}
+    for alloc in allocations:
+        by_resource.setdefault(alloc.resource, []).append(alloc)
+    for res, log in by_resource.items():
+        owner: dict[int, int] = {}  # position in log -> index of the pod it belongs to
+        for i in range(len(log) - 1, -1, -1):
+            ids = frozenset(log[i].device_ids)
+            holders = [k for k, pod in enumerate(pods) if ids <= pod.devices.get(res, frozenset())]
+            if holders:
+                if len(holders) == 1:
+                    owner[i] = holders[0]
+                continue
+            if log[i] in ever_listed or i + 1 not in owner:
+                continue
+            after = log[i + 1]
+            if after.at - log[i].at > window_s or not ids & frozenset(after.device_ids):
+                continue
+            owner[i] = owner[i + 1]
+            surplus = ids - listed_devices.get(res, set())
+            if surplus:
+                extra.setdefault(owner[i], {}).setdefault(res, set()).update(surplus)
+    if not extra:
+        return tuple(pods)
+    out = []
+    for k, pod in enumerate(pods):
+        if k in extra:
+            merged = {res: pod.devices.get(res, frozenset()) | extra[k].get(res, set())
+                      for res in set(pod.devices) | set(extra[k])}
+            pod = PodDevices(pod.namespace, pod.name, merged)
+        out.append(pod)
+    return tuple(out)
 
 
 def build_node_state(

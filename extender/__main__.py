@@ -211,16 +211,22 @@ class Service:
         server = site._server  # the bound port (0 picks one); aiohttp exposes it only here
         assert isinstance(server, asyncio.base_events.Server)
         self.port = server.sockets[0].getsockname()[1]
-        for informer in self.informers:
-            await informer.start()
         loop = asyncio.get_running_loop()
         self._tasks = [
+            loop.create_task(self._start_informers(), name="extender-start-informers"),
             loop.create_task(self._expire_assumed(), name="extender-expire-assumed"),
             loop.create_task(self._freeze_when_synced(), name="extender-gc-freeze"),
         ]
         log.info("serving on %s:%d (%s) with node policy %s",
                  host, self.port, "https" if ssl_context else "http",
                  self.opts.node_policy, extra={"options": asdict(self.opts)})  # fmt: skip
+
+    async def _start_informers(self) -> None:
+        # One after another: a bound pod is assumed with a placement predicted on its node's
+        # state, so the states must be in before the first pod arrives.
+        for informer in self.informers:
+            await informer.start()
+            await informer.synced.wait()
 
     async def _expire_assumed(self) -> None:
         period = max(self.opts.assume_ttl_s / 4, 0.05)

@@ -32,14 +32,15 @@ class Histogram:
         self.n += 1
 
 
+def _escape(value: str) -> str:
+    # The exposition format escapes backslash, double quote and newline in label values.
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _labels(pairs: Mapping[str, str]) -> str:
     if not pairs:
         return ""
-    inner = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34)).replace(chr(10), " ")}"'
-        for k, v in pairs.items()
-    )
-    return "{" + inner + "}"
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items()) + "}"
 
 
 def _num(v: float) -> str:

@@ -26,9 +26,7 @@ import orjson
 from common import podrequests
 from common.errors import RequestError
 from common.podrequests import PodRequest
-
-MAX_EXTENDER_PRIORITY = 10
-MIN_EXTENDER_PRIORITY = 0
+from common.scoring import MAX_EXTENDER_PRIORITY, MIN_EXTENDER_PRIORITY
 
 
 class DecodeError(ValueError):
@@ -61,6 +59,7 @@ class ExtenderArgs:
     node_names: tuple[str, ...]  # every candidate, in the order received
     names_given: bool  # NodeNames was sent (nodeCacheCapable: true)
     nodes: tuple[Mapping[str, Any], ...] | None  # Nodes.items (nodeCacheCapable: false)
+    item_names: tuple[str, ...] = ()  # the names of `nodes`, in order
 
 
 def _node_name(node: Any, i: int) -> str:
@@ -87,6 +86,7 @@ def decode_args(body: bytes, managed: podrequests.Managed | None = None) -> Exte
 
     raw_nodes = doc.get("nodes")
     nodes: tuple[Mapping[str, Any], ...] | None = None
+    from_items: tuple[str, ...] = ()
     if raw_nodes is not None:
         if not isinstance(raw_nodes, Mapping):
             raise DecodeError("invalid ExtenderArgs: Nodes is not a NodeList object")
@@ -112,7 +112,7 @@ def decode_args(body: bytes, managed: podrequests.Managed | None = None) -> Exte
         else:
             uid, namespace, name = decoded.uid, decoded.namespace, decoded.name
             request = podrequests.pod_request(decoded, managed)
-    return ExtenderArgs(uid, namespace, name, request, error, names, names_given, nodes)
+    return ExtenderArgs(uid, namespace, name, request, error, names, names_given, nodes, from_items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +163,13 @@ def encode_filter(
     if args.names_given:
         result["NodeNames"] = [names[i] for i in survivors]
     if args.nodes is not None:
-        nodes = args.nodes
-        result["Nodes"] = {"metadata": {}, "items": [nodes[i] for i in survivors]}
+        if args.names_given:
+            # Both lists sent (kube-scheduler sends one): NodeNames decided, echo those objects.
+            keep = {names[i] for i in survivors}
+            items = [n for n, name in zip(args.nodes, args.item_names) if name in keep]
+        else:
+            items = [args.nodes[i] for i in survivors]
+        result["Nodes"] = {"metadata": {}, "items": items}
     if not args.names_given and args.nodes is None:
         # Nothing was offered; an empty list (not null) keeps "reject everything" explicit.
         result["NodeNames"] = []
@@ -178,6 +183,25 @@ def clamp(score: int) -> int:
 def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
     """`HostPriorityList`."""
     return orjson.dumps([{"Host": n, "Score": clamp(s)} for n, s in zip(names, scores)])
+
+
+def host_prefix(name: str) -> bytes:
+    """The start of a node's encoded `HostPriority`; `host_priority` completes it."""
+    return b'{"Host":' + orjson.dumps(name) + b',"Score":'
+
+
+_SCORE_TAILS = tuple(b"%d}" % s for s in range(MAX_EXTENDER_PRIORITY + 1))
+
+
+def host_priority(name: str | bytes, score: int) -> bytes:
+    """One encoded `HostPriority` (a name or its `host_prefix`), to be joined by
+    `join_priorities`."""
+    prefix = name if isinstance(name, bytes) else host_prefix(name)
+    return prefix + _SCORE_TAILS[clamp(score)]
+
+
+def join_priorities(parts: Sequence[bytes]) -> bytes:
+    return b"[" + b",".join(parts) + b"]"
 
 
 def encode_binding_result(error: str = "") -> bytes:

@@ -108,8 +108,10 @@ class Extender:
 
     def _request(self, args: protocol.ExtenderArgs) -> PodRequest | None:
         request = args.request
-        if request is not None:
-            self.view.remember(request)
+        if request is None:
+            return None
+        request = self.view.relevant(request)
+        self.view.remember(request)
         return request
 
     async def filter(self, request: web.Request) -> web.Response:
@@ -133,7 +135,7 @@ class Extender:
             if scorer is None:  # unknown: pass through, correctness is the kubelet's
                 survivors.append(i)
                 continue
-            s = scorer.score(pod)
+            s = scorer.verdict(pod)
             if s.feasible:
                 survivors.append(i)
             elif s.unresolvable:
@@ -153,12 +155,13 @@ class Extender:
             return self._json(protocol.encode_priorities(names, [0] * len(names)))
         scorers = self.view.scorers
         unknown = UNKNOWN_NODE.score
-        scores: list[int] = []
-        append = scores.append
+        host_priority = protocol.host_priority
+        parts: list[bytes] = []
+        append = parts.append
         for name in names:
             scorer = scorers.get(name)
-            append(unknown if scorer is None else scorer.score(pod).score)
-        return self._json(protocol.encode_priorities(names, scores))
+            append(host_priority(name, unknown) if scorer is None else scorer.host_priority(pod))
+        return self._json(protocol.join_priorities(parts))
 
     async def bind(self, request: web.Request) -> web.Response:
         try:
@@ -176,16 +179,16 @@ class Extender:
                 f"invalid ExtenderBindingArgs: PodName, PodNamespace and Node are required, got "
                 f"{args.pod_namespace!r}/{args.pod_name!r} -> {args.node!r}"))  # fmt: skip
         pod = self.view.recalled(args.pod_uid) if args.pod_uid else None
-        try:
-            if pod is None:
-                # Not seen by filter/prioritize (an extender restart in between): read it, so
-                # the assumption still counts its devices.
+        if pod is None:
+            # Not seen by filter/prioritize (an extender restart in between): read it, so the
+            # assumption still counts its devices. Binding does not depend on it.
+            try:
                 doc = await self.binder.get_pod(args.pod_namespace, args.pod_name)
-                try:
-                    pod = podrequests.decode_pod_request(doc, self.managed)
-                except RequestError as e:
-                    log.warning("bind: cannot read pod %s/%s: %s", args.pod_namespace,
-                                args.pod_name, e)  # fmt: skip
+                pod = podrequests.decode_pod_request(doc, self.managed)
+            except (BindError, RequestError) as e:
+                log.warning("bind: pod %s/%s not counted until its agent reports it: %s",
+                            args.pod_namespace, args.pod_name, e)  # fmt: skip
+        try:
             await self.binder.bind(args)
         except BindError as e:
             m.binds["error"] += 1

@@ -358,7 +358,10 @@ class FakeApiServer:
                     return
                 wait = left if wait is None else min(wait, left)
             try:
-                event = await asyncio.wait_for(watcher.queue.get(), wait)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # (a client hanging up) or drop a dequeued event when they race its timeout.
+                async with asyncio.timeout(wait):
+                    event = await watcher.queue.get()
             except TimeoutError:
                 if bookmarks and (deadline is None or time.monotonic() < deadline):
                     await self._write_event(response, watcher, self._bookmark(rt))

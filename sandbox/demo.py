@@ -204,6 +204,7 @@ class Sandbox:
         self.session = aiohttp.ClientSession()
         self._stack.push_async_callback(self.session.close)
         await self._wait_ready()
+        await self._wait_states_cached()
         self.driver = SchedulerDriver(
             self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
         )
@@ -230,6 +231,21 @@ class Sandbox:
             await asyncio.sleep(0.1)
         tail = (self.root / "extender.log").read_text(errors="replace")[-2000:]
         raise DemoError(f"extender at {self.extender_url} did not become ready:\n{tail}")
+
+    async def _wait_states_cached(self) -> None:
+        """Every node has published its NodeGpuState and the extender holds them all. Ready
+        means its caches listed once, maybe before an agent's first write: a pod scheduled then
+        is scored as on unknown nodes, and `node_states()` can meet a 404."""
+        want = f"sharepack_extender_cache_nodes {len(self.nodes)}"
+        deadline = time.monotonic() + PUBLISH_TIMEOUT_S
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with self.session.get(f"{self.extender_url}/metrics") as resp:
+                    if want in (await resp.text()).splitlines():
+                        return
+            if time.monotonic() > deadline:
+                raise DemoError(f"the extender did not cache every node's NodeGpuState within {PUBLISH_TIMEOUT_S} s")
+            await asyncio.sleep(0.05)
 
     async def node_states(self) -> list[gpustate.NodeState]:
         custom: Any = kubernetes.client.CustomObjectsApi(self.api)
@@ -368,6 +384,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def amain(opts: argparse.Namespace, out: TextIO) -> int:
+    # SIGTERM (kill, timeout, a CI runner) stops the stack as Ctrl-C does: without this the
+    # interpreter dies at once and the agents and the extender live on as orphans.
+    loop, main_task = asyncio.get_running_loop(), asyncio.current_task()
+    assert main_task is not None
+    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+    try:
+        return await _amain(opts, out)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _amain(opts: argparse.Namespace, out: TextIO) -> int:
     workload = load_workload(opts.workload) if opts.workload else None
     print(
         "sharepack demo: time-sliced GPUs, a wave of shared pods then full-GPU pods, "
@@ -392,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: sandbox stopped", file=sys.stderr)
         return 130
+    except asyncio.CancelledError:  # SIGTERM, see amain
+        print("\nterminated: sandbox stopped", file=sys.stderr)
+        return 143
     except DemoError as e:
         print(f"sharepack-demo: {e}", file=sys.stderr)
         return 1

@@ -35,7 +35,7 @@ class Choice:
 Scorer = Callable[[Cluster, Request, IntArray, np.random.Generator], Choice]
 
 
-def pick_top(cluster: Cluster, idx: IntArray, scores: IntArray) -> int:
+def pick_top(cluster: Cluster, idx: IntArray, scores: IntArray | FloatArray) -> int:
     """Among the nodes with the highest score, the first in the cluster's node order.
 
     The study's scheduler (a kube-scheduler fork) breaks ties by node order, and its nodes are
@@ -154,12 +154,9 @@ def _sigmoid_score(delta: FloatArray) -> IntArray:
     return out
 
 
-def fgd_candidates(cluster: Cluster, req: Request, idx: IntArray) -> tuple[IntArray, IntArray, IntArray]:
-    """(node position in idx, GPU index or -1, score) of every placement FGD considers.
-
-    Score = 100 x sigmoid((frag before - frag after) / 1000): the placement that grows the
-    node's fragmentation least (or shrinks it most) wins.
-    """
+def frag_deltas(cluster: Cluster, req: Request, idx: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """(node position in idx, GPU index or -1, frag before - frag after) of every placement FGD
+    considers: each GPU that can hold a shared pod, or the node as a whole for the others."""
     m = cluster.model
     before = cluster.frag[idx]
     if req.shared:
@@ -174,27 +171,39 @@ def fgd_candidates(cluster: Cluster, req: Request, idx: IntArray) -> tuple[IntAr
         total = cluster.gpu_total_left[nodes] - req.milli
         cpu = cluster.cpu_left[nodes] - req.cpu_score
         after = m.frag(cpu, fits, small, total, m.access[nodes])
-        return pos.astype(np.int64), gpu.astype(np.int64), _sigmoid_score(before[pos] - after)
+        return pos.astype(np.int64), gpu.astype(np.int64), before[pos] - after
     k = req.num_gpu
     fits = cluster.fits[idx] - k * m.gpu_shape[None, :]
     total = cluster.gpu_total_left[idx] - k * MILLI
     cpu = cluster.cpu_left[idx] - req.cpu_score
     after = m.frag(cpu, fits, cluster.small[idx], total, m.access[idx])
     pos = np.arange(len(idx), dtype=np.int64)
-    return pos, np.full(len(idx), -1, dtype=np.int64), _sigmoid_score(before - after)
+    return pos, np.full(len(idx), -1, dtype=np.int64), before - after
 
 
-def score_fgd(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
-    pos, gpu, score = fgd_candidates(cluster, req, idx)
-    # Per node: its best placement, the lowest GPU index among equals (candidates come sorted).
-    node_best = np.full(len(idx), -1, dtype=np.int64)
-    np.maximum.at(node_best, pos, score)
+def fgd_score(delta: FloatArray) -> IntArray:
+    """100 x sigmoid(delta / 1000), truncated: the placement that grows fragmentation least wins."""
+    return _sigmoid_score(delta)
+
+
+def choose_placement(
+    cluster: Cluster, req: Request, idx: IntArray, pos: IntArray, gpu: IntArray, score: IntArray | FloatArray
+) -> Choice:
+    """Best node by its best placement (ties: node order), and on it the lowest GPU index among
+    its best placements (candidates come sorted by node, then GPU)."""
+    node_best = np.full(len(idx), -np.inf)
+    np.maximum.at(node_best, pos, score.astype(np.float64))
     node = pick_top(cluster, idx, node_best)
     if not req.shared:
         return Choice(node, cluster.first_free(node, req.num_gpu))
-    here = np.flatnonzero(idx == node)[0]
+    here = int(np.flatnonzero(idx == node)[0])
     mine = (pos == here) & (score == node_best[here])
     return Choice(node, [int(gpu[mine][0])])
+
+
+def score_fgd(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
+    pos, gpu, delta = frag_deltas(cluster, req, idx)
+    return choose_placement(cluster, req, idx, pos, gpu, fgd_score(delta))
 
 
 BASELINES: dict[str, Scorer] = {

@@ -107,20 +107,34 @@ class Cluster:
             self._spec_masks[spec] = mask
         return mask
 
-    def feasible(self, req: Request) -> IntArray:
-        """Indices of nodes that pass the study's filters: CPU, memory, GPU model, GPU share."""
+    def feasible(self, req: Request, *, replicas: int | None = None) -> IntArray:
+        """Indices of nodes that pass the study's filters: CPU, memory, GPU model, GPU share.
+
+        With `replicas`, the GPU test is the replica model's instead: enough free replicas on
+        the node, wherever they are.
+        """
         ok = (self.cpu_left >= req.cpu) & (self.mem_left >= req.memory)
         if req.num_gpu > 0:
             ok &= self.spec_mask(req.spec)
-            ok &= (self.gpu_left >= req.milli).sum(axis=1) >= req.num_gpu
+            if replicas is None:
+                ok &= (self.gpu_left >= req.milli).sum(axis=1) >= req.num_gpu
+            else:
+                need = req.num_gpu * -((-req.milli * replicas) // MILLI)
+                ok &= ((self.gpu_left * replicas) // MILLI).sum(axis=1) >= need
         return np.flatnonzero(ok).astype(np.int64)
 
     def fully_free(self, idx: IntArray) -> IntArray:
         counted: IntArray = (self.gpu_left[idx] == MILLI).sum(axis=1)
         return counted
 
-    def place(self, node: int, req: Request, gpus: list[int] | dict[int, int]) -> None:
-        """Bind `req` on `node`; `gpus` lists GPU indices (one per GPU requested) or maps index -> milli."""
+    def place(
+        self, node: int, req: Request, gpus: list[int] | dict[int, int], *, charged: int | None = None
+    ) -> None:
+        """Bind `req` on `node`; `gpus` lists GPU indices (one per GPU requested) or maps index -> milli.
+
+        `charged`: GPU milli counted as allocated (default: what the GPUs give); the replica model
+        charges what the pod asked for, so rounding up to whole replicas shows as idle.
+        """
         take = gpus if isinstance(gpus, dict) else {g: req.milli for g in gpus}
         self.cpu_left[node] -= req.cpu
         self.mem_left[node] -= req.memory
@@ -131,7 +145,7 @@ class Cluster:
                 raise AssertionError(f"placement of pod {req.index} on node {node} GPU {g} over capacity")
             row[g] -= milli
         used = sum(take.values())
-        self.used_milli += used
+        self.used_milli += used if charged is None else charged
         self.gpu_total_left[node] -= used
         self.free_gpus += int((row == MILLI).sum()) - before_free
         if req.affinity >= 0:

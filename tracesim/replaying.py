@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracesim.baselines import Scorer
 from tracesim.clusters import Cluster, requests_of
 from tracesim.fragmentation import FloatArray, FragModel, IntArray
+from tracesim.policies import PolicySpec
 from tracesim.traces import NodeList, PodList
 
 Progress = Callable[[int, int], None]
@@ -44,9 +44,8 @@ def replay(
     pods: PodList,
     nodes: NodeList,
     frag_model: FragModel,
-    scorer: Scorer,
+    policy: PolicySpec,
     *,
-    policy: str,
     seed: int,
     order: IntArray,
     progress: Progress | None = None,
@@ -68,14 +67,15 @@ def replay(
     step = max(len(sequence) // 20, 1)
     for i, req in enumerate(sequence, start=1):
         arrived_now += req.total_milli
-        idx = cluster.feasible(req)
-        if len(idx) == 0:
+        idx = cluster.feasible(req, replicas=policy.replicas)
+        choice = policy.scorer(cluster, req, idx, rng) if len(idx) else None
+        if choice is None or choice.node < 0:
             failed[req.pod_class] = failed.get(req.pod_class, 0) + 1
             if first_failure is None and req.num_gpu > 0:
                 first_failure = arrived_now
         else:
-            choice = scorer(cluster, req, idx, rng)
-            cluster.place(choice.node, req, choice.gpus)
+            charged = req.total_milli if policy.replicas is not None else None
+            cluster.place(choice.node, req, choice.gpus, charged=charged)
         arrived[i] = arrived_now
         used[i] = cluster.used_milli
         frag[i] = cluster.frag_total
@@ -83,7 +83,7 @@ def replay(
         if progress is not None and (i % step == 0 or i == len(sequence)):
             progress(i, len(sequence))
     return RunResult(
-        policy=policy,
+        policy=policy.label,
         seed=seed,
         total_gpus=nodes.total_gpus,
         arrived_milli=arrived,

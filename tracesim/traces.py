@@ -116,6 +116,9 @@ def load_pods(path: Path | None = None) -> PodList:
             raise TraceError(f"invalid num_gpu {n} in {where}")
         if m <= 0:
             n, m = 0, 0
+        if n > 1 and m < MILLI:
+            # The study's model keeps a share on one GPU; its simulator rejects these too.
+            raise TraceError(f"invalid pod in {where}: {n} GPUs with a fractional share of {m} milli each")
         raw_spec = (row.get("gpu_spec") or "").strip()
         models = [s for s in raw_spec.split("|") if s and s.lower() != "nan"]
         names.append(row.get("name") or f"pod-{i}")

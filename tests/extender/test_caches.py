@@ -152,3 +152,36 @@ def test_requests_seen_by_filter_are_remembered_for_bind() -> None:
     view.remember(req)
     assert view.recalled("p9") == req
     assert view.recalled("nope") is None
+
+
+def test_a_resync_that_repeats_a_state_keeps_its_scorer_and_memo() -> None:
+    view = make()
+    before = view.scorers["node-a"]
+    view.replace_states([state_obj("node-a", [(4, 1, ("old",)), (4, 0, ())])])  # same resourceVersion
+    assert view.scorers["node-a"] is before
+    view.replace_states([state_obj("node-a", [(4, 2, ("old", "x")), (4, 0, ())], rv="2")])
+    assert view.scorers["node-a"] is not before
+
+
+def test_a_changed_node_is_scored_ahead_for_recently_seen_pod_shapes() -> None:
+    from common import podrequests
+
+    view = make()
+    req = podrequests.decode_pod_request(pod_obj("p9", ""))
+    view.remember(req)
+    view.upsert_state(state_obj("node-a", [(4, 2, ("old", "x")), (4, 0, ())], rv="2"))
+    assert req.shape in view.scorers["node-a"]._wire  # encoded before anyone asked
+    assert view.scorers["node-a"].score(req).placement == {SHARED: ("GPU-0",)}
+
+
+def test_known_resources_follow_what_nodes_publish() -> None:
+    view = make()
+    assert view.known_resources == {SHARED}
+    mig = state_obj("node-m", [(7, 0, ())])
+    mig["status"]["resources"][0]["name"] = "nvidia.com/mig-1g.5gb"
+    view.upsert_state(mig)
+    assert view.known_resources == {SHARED, "nvidia.com/mig-1g.5gb"}
+    view.delete_state(state_obj("node-a", []))
+    assert view.known_resources == {"nvidia.com/mig-1g.5gb"}
+    view.delete_state(mig)
+    assert view.known_resources == frozenset()

@@ -174,11 +174,22 @@ async def test_a_pod_without_gpu_requests_passes_everywhere(client: Any) -> None
     assert [p["Score"] for p in reply] == [0] * len(NODES)
 
 
-async def test_an_unknown_gpu_resource_fails_known_nodes_and_passes_unknown_ones(client: Any) -> None:
-    status, reply = await post(client, "filter", args_body(pod_json({"nvidia.com/mig-9g.99gb": "1"}), NODES))
+async def test_a_resource_no_node_publishes_is_not_ours_to_judge(client: Any) -> None:
+    status, reply = await post(client, "filter", args_body(pod_json({"nvidia.com/gds": "1"}), NODES))
+    assert (status, reply["NodeNames"], reply["FailedNodes"]) == (200, NODES, {})
+
+
+async def test_a_resource_some_nodes_publish_fails_the_nodes_without_it() -> None:
+    view = make_view()
+    mig = state_obj("node-mig", [(7, 0)])
+    mig["status"]["resources"][0]["name"] = "nvidia.com/mig-1g.5gb"
+    view.upsert_state(mig)
+    async with TestClient(TestServer(Extender(view).app())) as c:
+        status, reply = await post(c, "filter", args_body(pod_json({"nvidia.com/mig-1g.5gb": "1"}), [*NODES, "node-mig"]))
     assert status == 200
-    assert reply["NodeNames"] == ["node-unknown"]
+    assert reply["NodeNames"] == ["node-unknown", "node-mig"]
     assert set(reply["FailedAndUnresolvableNodes"]) == set(NODES) - {"node-unknown"}
+    assert "publishes no such resource" in reply["FailedAndUnresolvableNodes"]["node-used"]
 
 
 async def test_an_unreadable_pod_is_an_error_in_the_reply_not_an_http_error(client: Any) -> None:
@@ -207,8 +218,7 @@ async def test_prioritize_ranks_the_used_node_first_under_packed(client: Any, ca
 
 
 async def test_prioritize_follows_the_extender_policy() -> None:
-    view = make_view()
-    view.node_policy = Policy.DISTRIBUTED
+    view = ClusterView(Policy.DISTRIBUTED)
     view.replace_states([state_obj("node-used", [(4, 2), (4, 0)]), state_obj("node-empty", [(4, 0), (4, 0)])])
     async with TestClient(TestServer(Extender(view).app())) as c:
         _, reply = await post(c, "prioritize", args_body(pod_json({SHARED: "1"}), ["node-used", "node-empty"]))
@@ -342,3 +352,12 @@ async def test_the_reply_does_not_alias_the_request() -> None:
         first = await post(c, "filter", body)
         second = await post(c, "filter", copy.copy(body))
     assert first == second
+
+
+@pytest.mark.parametrize("name", ["node-0", 'we"ird\\name', "ünïcode-节点"])
+def test_the_hand_built_host_priority_is_the_json_of_a_host_priority(name: str) -> None:
+    for score in (-3, 0, 7, 10, 42):
+        assert orjson.loads(protocol.host_priority(name, score)) == {"Host": name, "Score": min(max(score, 0), 10)}
+    parts = [protocol.host_priority(protocol.host_prefix(name), 5)] * 2
+    assert orjson.loads(protocol.join_priorities(parts)) == [{"Host": name, "Score": 5}] * 2
+    assert orjson.loads(protocol.join_priorities([])) == []

@@ -246,3 +246,38 @@ async def test_https_with_the_given_certificate(tmp_short: Path) -> None:
         await svc.stop()
 
 
+
+
+async def test_a_watch_too_old_for_the_server_history_relists_without_an_error(
+    server: FakeApiServer, service: Service
+) -> None:
+    await synced(service)
+    await until(service, lambda: "node-b" in service.view.scorers)
+    states = service.informers[0]
+    lists, errors = states.lists, states.errors
+    # No await in between: the informer cannot see these before its watch is cut.
+    create_pod(server, "bump")  # moves the server past the informer's resource version
+    server.store.compact()
+    server.store.close_watches()
+    publish(server, "node-d", [(4, 0, ())])
+    await until(service, lambda: "node-d" in service.view.scorers)
+    assert states.lists == lists + 1  # 410 Gone: listed again
+    assert states.errors == errors
+
+
+async def test_a_restarted_extender_counts_pods_bound_before_it_started(server: FakeApiServer, tmp_short: Path) -> None:
+    publish(server, "node-a", [(4, 1, ("old",)), (4, 0, ())])
+    uid = create_pod(server, "earlier", n=2)
+    server.store.bind("default", "earlier", {"target": {"name": "node-a"}})
+    kubeconfig = server.write_kubeconfig(tmp_short / "kubeconfig")
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    svc = Service(Options(listen="127.0.0.1:0"), api=api)
+    await svc.start()
+    try:
+        await synced(svc)
+        await until(svc, lambda: uid in svc.view.assumed)
+        assert svc.view.assumed[uid].placement == {SHARED: ("GPU-0", "GPU-0")}
+        assert allocated(svc, "node-a") == [3, 0]
+    finally:
+        await svc.stop()
+        api.close()

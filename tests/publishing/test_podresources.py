@@ -122,7 +122,7 @@ async def test_responses_beyond_grpcs_default_4_mib_are_received(kubelet: tuple[
         api_pb2.PodResources(name="big", namespace="ns", containers=[api_pb2.ContainerResources(name="c", devices=devices)])
     ])
     assert canned.listing.ByteSize() > 4 * 1024 * 1024
-    async with PodResourcesClient(socket) as client:
+    async with PodResourcesClient(socket, timeout=30) as client:  # a loaded CI box is slow at 6 MB
         (pod,) = await client.list()
     assert len(pod.devices["nvidia.com/gpu"]) == 50_000
 

@@ -53,7 +53,8 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, *, tim
         except (kubernetes.client.ApiException, StateSchemaError, aiohttp.ClientError, OSError) as e:
             last = e
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last})" if last else ""))
+            why = f" (last error: {last})" if last else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{why}")
         await asyncio.sleep(POLL_S)
 
 
@@ -79,7 +80,7 @@ def children(pid: int) -> set[int]:
 def processes_mentioning(paths: list[Path]) -> list[str]:
     """Every process on the machine whose command line names one of `paths` (orphans included:
     an agent or extender whose parent died is reparented, but still names its sandbox dir)."""
-    needles = [str(p).encode() for p in paths]
+    needles = [str(p).rstrip("/").encode() + b"/" for p in paths]  # every arg naming it goes inside
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -231,6 +232,17 @@ def kubelet_gpus(node: SimulatedNode, uid: str) -> Counter[str]:
     return Counter(devices.physical_key(d) for d in node.kubelet.admission(uid).held(SHARED_RESOURCE))
 
 
+def kubelet_held(node: SimulatedNode) -> Counter[str]:
+    """Replicas per physical GPU the node's kubelet holds, for any pod."""
+    return Counter(devices.physical_key(d) for d in node.kubelet.allocated(SHARED_RESOURCE))
+
+
+def published_allocated(state: gpustate.NodeState) -> Counter[str]:
+    """Replicas per physical GPU the published state counts as held (GPUs with none left out)."""
+    res = state.resource(SHARED_RESOURCE)
+    return +Counter({g.key: g.allocated for g in res.gpus}) if res else Counter()
+
+
 @dataclass(frozen=True, slots=True)
 class PodOutcome:
     name: str
@@ -284,6 +296,7 @@ class StreamResult:
     final: Mapping[str, gpustate.NodeState]
     predictions: tuple[int, int]  # (match, mismatch) from the extender's /metrics
     seconds: float  # start of the sandbox to the end of the stream
+    startup_s: float  # start of the sandbox until every node's state is cached by the extender
     missed: tuple[str, ...]  # the extender's "prediction missed" log lines
     while_up: Residue  # what the sandbox had running (proves the detectors see something)
     after: Residue  # what it left once stopped: nothing, or a bug
@@ -301,6 +314,7 @@ async def run_stream(policy: Policy, nodes: int, waves: Sequence[Wave]) -> Strea
     try:
         async with Sandbox(policy, nodes, MACHINE, Workload(REPLICAS, tuple(waves)), root) as box:
             await wait_stack_ready(box)
+            startup_s = time.monotonic() - started
             outcomes: list[PodOutcome] = []
             after_shared: Mapping[str, gpustate.NodeState] = {}
             for wave in waves:
@@ -316,7 +330,9 @@ async def run_stream(policy: Policy, nodes: int, waves: Sequence[Wave]) -> Strea
         after = residue(root, before)
         log = (root / "extender.log").read_text(errors="replace")
         missed = tuple(line for line in log.splitlines() if "prediction missed" in line)
-        return StreamResult(policy, tuple(outcomes), after_shared, final, counts, seconds, missed, while_up, after)
+        return StreamResult(
+            policy, tuple(outcomes), after_shared, final, counts, seconds, startup_s, missed, while_up, after
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

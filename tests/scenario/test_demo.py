@@ -3,9 +3,11 @@ that it leaves nothing behind (no child processes, no sockets, no temp dirs)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,8 +50,9 @@ def test_the_demo_places_every_full_gpu_pod_under_packed_and_none_under_distribu
     rc = demo.main(["--nodes", "1", "--policy", "distributed,packed"])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    results = {policy: (int(x), int(y)) for policy, x, y in PLACED.findall(out)}
-    assert set(results) == {"distributed", "packed"}, out
+    lines = PLACED.findall(out)
+    results = {policy: (int(x), int(y)) for policy, x, y in lines}
+    assert [policy for policy, _, _ in lines] == ["distributed", "packed"], out
     (x, y), (lost, total) = results["packed"], results["distributed"]
     assert y > 0 and x == y, out
     assert (lost, total) == (0, y), out
@@ -94,78 +97,145 @@ def test_a_bad_workload_file_is_a_clear_error_and_exit_code_1(
     assert children(os.getpid()) <= before
 
 
+VALID_POLICIES = "(choose from distributed, packed, spread)"
 BAD_ARGS = {
-    "policy-typo": (["--policy", "spreadd"], "invalid --policy option: spreadd"),
-    "policy-typo-in-list": (["--policy", "packed,spreadd"], "spreadd"),
-    "zero-nodes": (["--nodes", "0"], "--nodes must be at least 1, got 0"),
-    "nodes-not-a-number": (["--nodes", "two"], "invalid int value: 'two'"),
+    "policy-typo": (["--policy", "spreadd"], ("invalid --policy option: spreadd", VALID_POLICIES)),
+    "policy-typo-in-list": (["--policy", "packed,spreadd"], ("packed,spreadd", VALID_POLICIES)),
+    "zero-nodes": (["--nodes", "0"], ("--nodes must be at least 1, got 0",)),
+    "nodes-not-a-number": (["--nodes", "two"], ("argument --nodes: invalid int value: 'two'",)),
 }
 
 
 @pytest.mark.parametrize(("argv", "expected"), BAD_ARGS.values(), ids=BAD_ARGS.keys())
 def test_bad_options_are_usage_errors_naming_the_value(
-    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: tuple[str, ...]
 ) -> None:
     with pytest.raises(SystemExit) as exit_:
         demo.main(argv)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: sharepack-demo"), err
-    assert expected in err
-    if "policy" in expected or "spreadd" in expected:
-        assert "distributed, packed, spread" in err  # says what is valid
+    assert all(e in err for e in expected), err
 
 
-def read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
-    """Stdout of `proc` up to the line holding `marker`; fails on exit or after `timeout`."""
+def read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """Stdout of `proc` up to `marker`; fails when it exits first or after `timeout`.
+
+    Reads the raw pipe (a buffered reader would hide data from the selector)."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
-    seen = ""
+    seen = b""
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while marker not in seen:
+        sel.register(fd, selectors.EVENT_READ)
+        while marker.encode() not in seen:
             left = deadline - time.monotonic()
-            assert left > 0, f"no {marker!r} within {timeout:.0f} s:\n{seen}"
+            assert left > 0, f"no {marker!r} within {timeout:.0f} s:\n{seen.decode(errors='replace')}"
             if sel.select(left):
-                line = proc.stdout.readline()
-                assert line, f"the demo exited ({proc.wait()}) before {marker!r}:\n{seen}"
-                seen += line
-    return seen
+                chunk = os.read(fd, 65536)
+                assert chunk, f"the demo exited ({proc.wait()}) before {marker!r}:\n{seen.decode(errors='replace')}"
+                seen += chunk
+    return seen.decode()
 
 
-def test_keep_running_serves_a_kubeconfig_and_ctrl_c_stops_everything() -> None:
+SMALL_WORKLOAD = """\
+replicas: 2
+waves:
+- {name: one, count: 2, replicas: 1}
+- {name: whole, count: 1, replicas: 2}
+"""
+
+
+def test_keep_running_serves_a_kubeconfig_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(SMALL_WORKLOAD)
+    argv = ["--nodes", "1", "--policy", "packed", "--workload", str(workload), "--keep-running"]
     # Ctrl-C reaches the whole foreground process group: the demo and its agents and extender.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandbox.demo", "--nodes", "1", "--policy", "packed", "--keep-running"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out = read_until(proc, "Ctrl-C to stop", timeout=90)
-        found = re.search(r"kubeconfig: (\S+)", out)
-        assert found, out
-        kubeconfig = Path(found.group(1))
-        root = kubeconfig.parent
-
-        # What `kubectl --kubeconfig ... get nodegpustates,pods` reads, through the same client.
-        api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        with api:
-            custom: Any = kubernetes.client.CustomObjectsApi(api)
-            states = custom.list_cluster_custom_object(gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL)
-            assert [o["metadata"]["name"] for o in states["items"]] == ["node-0"]
-            pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(demo.NAMESPACE).items
-            assert pods and all(p.spec.node_name == "node-0" for p in pods)
-        assert processes_mentioning([root]), "the stack is not running: the checks below see nothing"
-
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 130, err
-        assert "interrupted: sandbox stopped" in err
-        assert "Traceback" not in err
-        assert processes_mentioning([root]) == []
-        assert unix_sockets_under([root]) == []
-        assert not root.exists()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    with subprocess.Popen(
+        [sys.executable, "-m", "sandbox.demo", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+    ) as proc:  # fmt: skip
+        roots: list[Path] = []
+        try:
+            check_keep_running_then_interrupt(proc, roots)
+        finally:
+            # Whatever failed: nothing of the group outlives the test (it is ours: its own session).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            for root in roots:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list[Path]) -> None:
+    out = read_until(proc, "Ctrl-C to stop", timeout=60)
+    assert "one: 2 pods x 1 replica(s)" in out and "default/whole-0 -> node-0: a whole GPU" in out, out
+    found = re.search(r"kubeconfig: (\S+)", out)
+    assert found, out
+    kubeconfig = Path(found.group(1))
+    root = kubeconfig.parent
+    roots.append(root)
+
+    # What `kubectl --kubeconfig ... get nodegpustates,pods` reads, through the same client.
+    api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    with api:
+        custom: Any = kubernetes.client.CustomObjectsApi(api)
+        states = custom.list_cluster_custom_object(gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL)
+        assert [o["metadata"]["name"] for o in states["items"]] == ["node-0"]
+        core: Any = kubernetes.client.CoreV1Api(api)
+        pods = core.list_namespaced_pod(demo.NAMESPACE).items
+        assert sorted(p.metadata.name for p in pods) == ["one-0", "one-1", "whole-0"]
+        assert all(p.spec.node_name == "node-0" and p.status.phase == "Running" for p in pods)
+    assert processes_mentioning([root]), "the stack is not running: the checks below see nothing"
+
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err_bytes = proc.communicate(timeout=30)
+    err = err_bytes.decode(errors="replace")
+    assert proc.returncode == 130, err
+    assert "interrupted: sandbox stopped" in err
+    assert "Traceback" not in err
+    assert processes_mentioning([root]) == []
+    assert unix_sockets_under([root]) == []
+    assert not root.exists()
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_sigterm_mid_run_stops_the_stack_like_ctrl_c() -> None:
+    demo_cmd = [sys.executable, "-m", "sandbox.demo", "--nodes", "1", "--policy", "packed"]
+    stack: dict[int, str] = {}
+    root: Path | None = None
+    with subprocess.Popen(
+        demo_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:  # fmt: skip
+        try:
+            read_until(proc, "   up in ", timeout=60)  # the stack is up; the stream starts
+            stack = {pid: cmdline(pid) for pid in children(proc.pid)}
+            found = re.search(r"--kubeconfig=(\S+)", " ".join(stack.values()))
+            assert found, stack
+            root = Path(found.group(1)).parent
+            assert len(processes_mentioning([root])) == 2  # the agent and the extender
+
+            proc.send_signal(signal.SIGTERM)  # `kill PID`, a supervisor, `timeout`
+            _, err_bytes = proc.communicate(timeout=30)
+            err = err_bytes.decode(errors="replace")
+            assert proc.returncode == 143, err
+            assert "terminated: sandbox stopped" in err
+            assert processes_mentioning([root]) == []
+            assert not root.exists()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid, line in stack.items():  # orphans of a demo that died: ours to stop
+                if line and cmdline(pid) == line:
+                    os.kill(pid, signal.SIGKILL)
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)

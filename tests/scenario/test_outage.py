@@ -36,9 +36,11 @@ from tests.scenario.harness import (
     eventually,
     extender_metrics,
     kubelet_gpus,
+    kubelet_held,
     node_states,
     pod_body,
     pods_on,
+    published_allocated,
     read_pod,
     short_root,
     wait_settled,
@@ -162,10 +164,7 @@ async def test_pods_are_admitted_during_an_api_outage_and_published_once_it_ends
 
             # Counts caught up exactly: the published state is what the kubelet holds.
             state = (await node_states(box))[node.name]
-            res = state.resource(SHARED_RESOURCE)
-            assert res is not None
-            held = Counter(k for a in node.kubelet.admissions() for k in kubelet_gpus(node, a.pod.uid).elements())
-            assert {g.key: g.allocated for g in res.gpus if g.allocated} == dict(held)
+            assert published_allocated(state) == kubelet_held(node)
             assert pods_on(state) == {a.pod.uid for a in node.kubelet.admissions()}
 
             # After the outages the stream goes on: the extender's caches recovered, and its
@@ -180,6 +179,11 @@ async def test_pods_are_admitted_during_an_api_outage_and_published_once_it_ends
             assert (match, mismatch) == (bound, 0)
             metrics = await extender_metrics(box)
             assert metrics["sharepack_extender_assumed_pods"] == 0  # every bound pod was reported
+
+            async def pod_cache_recovered() -> bool:  # it watches pods again: it saw "after"
+                return (await extender_metrics(box)).get("sharepack_extender_cache_pods") == bound
+
+            await eventually(pod_cache_recovered, "the extender's pod cache to hold every bound pod")
             for kind, (down, up) in catch_up.items():
                 print(f"\n{kind}: API away {down:.1f} s, published {up:.1f} s after resume", end="")
                 assert up < WAIT_S

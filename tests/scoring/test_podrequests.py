@@ -125,3 +125,10 @@ def test_binding_and_phase_are_read() -> None:
     doc["status"] = {"phase": "Running"}
     p = pr.decode_pod(doc)
     assert (p.node_name, p.phase, p.uid) == ("node-3", "Running", "uid-1")
+
+
+def test_restrict_drops_resources_and_keeps_the_rest() -> None:
+    request = pr.decode_pod_request(pod([container("a", {SHARED: "1", "nvidia.com/gds": "1"})]))
+    kept = pr.restrict(request, {SHARED}.__contains__)
+    assert dict(kept.totals) == {SHARED: 1}
+    assert pr.restrict(kept, {SHARED}.__contains__) is kept

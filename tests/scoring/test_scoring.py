@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -251,3 +252,58 @@ def test_packed_keeps_whole_gpus_for_whole_gpu_pods_where_distributed_strands_th
     assert run_stream(PACKED, nodes, shared, whole) == (whole, 0)
     landed, stranded = run_stream(DISTRIBUTED, nodes, shared, whole)
     assert landed == 0 and stranded == whole
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["GPU-0", "GPU-1", "GPU-2"]), st.integers(-2, 6), st.integers(-2, 8),
+                       st.integers(-2, 8)), max_size=6),
+    st.lists(st.integers(1, 5), min_size=1, max_size=3), policies, policies,
+)  # fmt: skip
+def test_inconsistent_published_states_never_raise(
+    gpus: list[tuple[str, int, int, int]], sizes: list[int], node_policy: Policy, policy: Policy
+) -> None:
+    # Duplicate keys, negative or over-full counts: a buggy or hostile publisher must not crash
+    # the scorer (the extender would answer 500).
+    res = ResourceState(SHARED, Sharing.TIME_SLICING, False,
+                        tuple(GpuState(k, "0", "x", t, a, u) for k, t, a, u in gpus))  # fmt: skip
+    state = NodeState("", "", node_policy, MigStrategy.NONE, (res,))
+    s = scoring.score_node(state, request(*sizes), policy)
+    assert 0 <= s.score <= 10
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(gpu, min_size=1, max_size=6), st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       policies, policies, st.randoms(use_true_random=False))  # fmt: skip
+def test_nodes_alike_but_for_gpu_names_share_scores_exactly(
+    gpus: Gpus, sizes: list[int], node_policy: Policy, policy: Policy, rnd: Any
+) -> None:
+    first = node(gpus, policy=node_policy)
+    names = [f"GPU-{i}" for i in range(len(gpus))]
+    renamed = [f"GPU-{c}" for c in rnd.sample("abcdefgh", len(gpus))]
+    res = first.resources[0]
+    second = NodeState(first.observed_at, first.agent_version, node_policy, first.mig_strategy, (
+        ResourceState(res.name, res.sharing, False, tuple(
+            GpuState(renamed[names.index(g.key)], g.index, g.product, g.total, g.allocated, g.unhealthy)
+            for g in res.gpus)),))  # fmt: skip
+    templates = scoring.ScoreTemplates(policy)
+    req = request(*sizes)
+    for state in (first, second):  # the second may reuse the first's template
+        shared = scoring.NodeScorer(state, policy, templates=templates).score(req)
+        assert shared == scoring.score_node(state, req, policy)
+
+
+def test_identical_machines_are_simulated_once_per_shape() -> None:
+    templates = scoring.ScoreTemplates(PACKED)
+    scorers = [
+        scoring.NodeScorer(NodeState("", "", PACKED, MigStrategy.NONE, (ResourceState(
+            SHARED, Sharing.TIME_SLICING, False,
+            tuple(GpuState(f"GPU-n{n}-{i}", str(i), "x", 4, 1, 0) for i in range(2))),)), PACKED,
+            templates=templates)
+        for n in range(3)
+    ]  # fmt: skip
+    verdicts = [s.verdict(request(1)) for s in scorers]
+    assert len(templates._memo) == 1
+    assert all(v is verdicts[0] for v in verdicts)  # shared as is: same score, no renaming
+    scores = [s.score(request(1)) for s in scorers]
+    assert [s.placement[SHARED] for s in scores] == [("GPU-n0-0",), ("GPU-n1-0",), ("GPU-n2-0",)]

@@ -1,0 +1,70 @@
+"""`sharepack-simulate` end to end on a small trace: table, CSV layout, plot, errors."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tracesim import reporting
+from tracesim.__main__ import main
+
+STUDY_HEADER = ["workload", "sc_policy", "tune", "seed", "total_gpus", *[str(k) for k in range(131)]]
+
+
+@pytest.fixture
+def trace(write: Callable[[str, str], Path], pod_lines: Callable[..., str], node_lines: Callable[..., str]) -> tuple[Path, Path]:
+    pods = [(f"pod-{i:03d}", 2000 + 500 * (i % 5), 4096, 1, (250, 500, 1000, 750)[i % 4], "") for i in range(60)]
+    pods += [(f"cpu-{i}", 4000, 4096, 0, 0, "") for i in range(8)]
+    nodes = [(f"n{i}", 64000, 262144, (2, 4, 8)[i % 3], "T4") for i in range(9)]
+    return write("pods.csv", pod_lines(pods)), write("nodes.csv", node_lines(nodes))
+
+
+def test_a_run_prints_the_table_and_writes_csvs_and_a_plot(
+    trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods, nodes = trace
+    out = tmp_path / "out" / "res.csv"
+    png = tmp_path / "out" / "alloc.png"
+    rc = main(["--pods", str(pods), "--nodes", str(nodes), "--policy", "random,fgd,packed,ours",
+               "--seeds", "2", "--csv", str(out), "--plot", str(png)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "pods: 2 seed(s)" in captured.out
+    for label in ("random", "fgd", "packed", "packed@r10", "ours"):
+        assert f"\n{label} " in captured.out
+    assert "[10/10] ours seed 43" in captured.err
+    with out.open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == STUDY_HEADER
+    assert [(r[0], r[1], r[3]) for r in rows[1:3]] == [("pods", "random", "42"), ("pods", "random", "43")]
+    assert {r[1] for r in rows[1:]} == {"random", "fgd", "packed", "packed@r10", "ours"}
+    assert (tmp_path / "out" / "res_frag.csv").exists() and (tmp_path / "out" / "res_frag_ratio.csv").exists()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "tetris"], "invalid --policy tetris"),
+        (["--seeds", "0"], "invalid --seeds 0"),
+        (["--replicas", "3"], "invalid --replicas 3"),
+        (["--pods", "/nonexistent/p.csv"], "cannot read trace file /nonexistent/p.csv"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_reason(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main([*args, "--csv", str(tmp_path / "r.csv"), "--plot", str(tmp_path / "p.png"), "--quiet"])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_published_means_are_built_in_for_the_default_trace() -> None:
+    published = reporting.load_published("openb_pod_list_default")
+    assert set(published) == {"random", "dotprod", "clustering", "packing", "bestfit", "fgd"}
+    assert 100 - published["random"][100] == pytest.approx(13.70, abs=0.01)
+    assert 100 - published["bestfit"][100] == pytest.approx(7.14, abs=0.01)
+    assert 100 - published["fgd"][100] == pytest.approx(4.77, abs=0.01)
