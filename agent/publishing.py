@@ -24,7 +24,9 @@ object back and rewrites it if it is gone or differs (someone deleted or edited 
 
 Devices the agent allocated after the last PodResources read began (less `settle_s`) count as
 allocated even if that read did not show them yet; a pod the kubelet then rejects drops out at
-the next read.
+the next read. Devices a finished init container still holds (the kubelet keeps them for the
+pod, PodResources does not list them) are recovered from the agent's Allocate log
+(`statebuilding.with_init_container_devices`).
 """
 
 from __future__ import annotations
@@ -150,16 +152,14 @@ class Publisher:
         self._listing: tuple[statebuilding.PodDevices, ...] = ()
         self._allocatable: Mapping[str, frozenset[str]] = {}
         self._list_started = float("-inf")
+        # Allocations PodResources has shown (app containers, sidecars): never an init container's.
+        self._ever_listed: set[statebuilding.AllocationLike] = set()
         self._object: dict[str, Any] | None = None
         self.published: NodeState | None = None
         self.writes = 0
         self.write_failures = 0
-        self.published_changed = asyncio.Event()  # set after every successful write (tests)
 
     # -- signals ---------------------------------------------------------------------------
-
-    def _mark_dirty(self) -> None:
-        self._dirty.set()
 
     def _mark_dirty_and_poll(self) -> None:
         self._dirty.set()
@@ -174,10 +174,13 @@ class Publisher:
         for alloc in snap.allocations:
             if alloc.at > cutoff:
                 recent.setdefault(alloc.resource, set()).update(alloc.device_ids)
+        pods = statebuilding.with_init_container_devices(
+            self._listing, snap.allocations, ever_listed=self._ever_listed
+        )
         return statebuilding.build_node_state(
             resources=snap.resources,
             unhealthy=self._unhealthy(snap),
-            pods=self._listing,
+            pods=pods,
             pod_uids=self.pods.uids,
             allocation_policy=snap.config.allocation_policy,
             mig_strategy=snap.config.mig_strategy,
@@ -243,6 +246,11 @@ class Publisher:
             # Allocations counted as pending so far leave that window now: rebuild then too.
             pending = any(a.at > old_cutoff for a in self.agent.snapshot().allocations)
             self._listing, self._allocatable, self._list_started = listing, allocatable, started
+            allocations = self.agent.snapshot().allocations
+            kept = set(allocations)
+            self._ever_listed = {a for a in self._ever_listed if a in kept} | statebuilding.app_allocations(
+                allocations, listing
+            )
             self._listed.set()
             if changed or pending:
                 self._dirty.set()
@@ -341,8 +349,6 @@ class Publisher:
         self._object = obj
         self.published = state
         self.writes += 1
-        self.published_changed.set()
-        self.published_changed = asyncio.Event()
         log.debug("published NodeGpuState %s (write %d)", self.node_name, self.writes)
 
     async def _get_or_create(self) -> dict[str, Any]:

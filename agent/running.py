@@ -407,8 +407,11 @@ class Agent:
         while True:
             deadline = self._book.next_recovery(quiet)
             timeout = None if deadline is None else max(deadline - self._clock(), 0.0)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives as the event fires, leaving this task unstoppable.
             try:
-                await asyncio.wait_for(self._health_marked.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._health_marked.wait()
                 self._health_marked.clear()
                 continue
             except TimeoutError:

@@ -16,6 +16,9 @@ is the number of devices the node would still hand out:
   stays counted once, as allocated).
 Device IDs that the current resources do not know (a pod still holding a replica of a previous
 config) are ignored: they name no device the node can hand out now.
+
+PodResources never lists plain init containers, yet the kubelet keeps their devices for the pod
+until it ends: `with_init_container_devices` adds them back from the agent's Allocate log.
 """
 
 from __future__ import annotations
@@ -71,12 +74,22 @@ def app_allocations(allocations: Sequence[AllocationLike], pods: Sequence[PodDev
     """The allocations PodResources shows now: all of their devices held by one listed pod (an
     app container or a sidecar). The publisher remembers them, so that after their pod ended
     they are never mistaken for an init container's (see `with_init_container_devices`)."""
-    found: set[AllocationLike] = set()
-    for alloc in allocations:
-        ids = frozenset(alloc.device_ids)
-        if any(ids <= pod.devices.get(alloc.resource, frozenset()) for pod in pods):
-            found.add(alloc)
-    return found
+    holder = _holders(pods)
+    return {a for a in allocations if _single_holder(holder, a) is not None}
+
+
+def _holders(pods: Sequence[PodDevices]) -> dict[tuple[str, str], int]:
+    """(resource, device id) -> index of the listed pod holding it."""
+    return {(res, d): k for k, pod in enumerate(pods) for res, ids in pod.devices.items() for d in ids}
+
+
+def _single_holder(holder: Mapping[tuple[str, str], int], alloc: AllocationLike) -> int | None:
+    """The one listed pod holding every device of `alloc`, if there is one."""
+    found = {holder.get((alloc.resource, d)) for d in alloc.device_ids}
+    if len(found) != 1:
+        return None
+    (k,) = found
+    return k
 
 
 def with_init_container_devices(
@@ -103,10 +116,7 @@ def with_init_container_devices(
     reusing one of its devices: the other pod is then shown holding more, never less, until it
     ends. An init container whose resource no later container uses at all cannot be recovered.
     """
-    listed_devices: dict[str, set[str]] = {}
-    for pod in pods:
-        for res, ids in pod.devices.items():
-            listed_devices.setdefault(res, set()).update(ids)
+    holder = _holders(pods)
     extra: dict[int, dict[str, set[str]]] = {}
     by_resource: dict[str, list[AllocationLike]] = {}
     for alloc in allocations:
@@ -115,10 +125,9 @@ def with_init_container_devices(
         owner: dict[int, int] = {}  # position in log -> index of the pod it belongs to
         for i in range(len(log) - 1, -1, -1):
             ids = frozenset(log[i].device_ids)
-            holders = [k for k, pod in enumerate(pods) if ids <= pod.devices.get(res, frozenset())]
-            if holders:
-                if len(holders) == 1:
-                    owner[i] = holders[0]
+            k = _single_holder(holder, log[i])
+            if k is not None:
+                owner[i] = k
                 continue
             if log[i] in ever_listed or i + 1 not in owner:
                 continue
@@ -126,7 +135,7 @@ def with_init_container_devices(
             if after.at - log[i].at > window_s or not ids & frozenset(after.device_ids):
                 continue
             owner[i] = owner[i + 1]
-            surplus = ids - listed_devices.get(res, set())
+            surplus = {d for d in ids if (res, d) not in holder}
             if surplus:
                 extra.setdefault(owner[i], {}).setdefault(res, set()).update(surplus)
     if not extra:

@@ -191,3 +191,24 @@ async def test_unhealthy_devices_are_published() -> None:
         assert [(g.total, g.allocated, g.unhealthy, g.free) for g in state.resources[0].gpus] == [
             (4, 0, 0, 4), (4, 0, 4, 0),
         ]
+
+
+async def test_devices_a_finished_init_container_still_holds_are_published() -> None:
+    from sandbox.kubelet_pods import ContainerSpec, PodSpec
+
+    async with node(config(time_slicing(4, "packed")), gpus(2)) as n:
+        await n.wait_state(lambda s: True)
+        pod = n.server.store.create(kinds.PODS, "default", {
+            "metadata": {"name": "init"}, "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "i"}]},
+        })
+        uid = pod["metadata"]["uid"]
+        # init asks 3 replicas, the app reuses 1: the kubelet keeps all 3 for the pod, though
+        # PodResources lists only the app container's one.
+        await n.kubelet.admit_pod(PodSpec(
+            uid=uid, name="init", init_containers=(ContainerSpec("init", {"nvidia.com/gpu": 3}),),
+            containers=(ContainerSpec("app", {"nvidia.com/gpu": 1}),),
+        ))
+        await asyncio.sleep(0.8)  # past the pending window: what remains is the attribution
+        state = await n.wait_state(lambda s: uid in pods_of(s))
+        assert sum(held(state).values()) == 3
+        assert sorted(held(state).values()) == [0, 3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import pytest
 
@@ -12,7 +13,15 @@ from common.inventory import Gpu, Inventory, MigDevice
 from common.policies import MigStrategy, Policy, Sharing
 from common.resources import Resource, build_resources
 from common.state import NodeState
-from common.statebuilding import PodDevices, build_node_state, group_pod_devices, same_content, status_document
+from common.statebuilding import (
+    PodDevices,
+    app_allocations,
+    build_node_state,
+    group_pod_devices,
+    same_content,
+    status_document,
+    with_init_container_devices,
+)
 
 
 def _uuid(i: int) -> str:
@@ -171,3 +180,53 @@ def test_same_content_ignores_only_the_observation_time() -> None:
     assert same_content(a, later)
     assert not same_content(a, _build(resources, [_pod("a", "nvidia.com/gpu", f"{G0}::0")]))
     assert not same_content(a, None) and same_content(None, None)
+
+
+@dataclass(frozen=True)
+class Alloc:
+    resource: str
+    device_ids: tuple[str, ...]
+    at: float
+
+
+R = "nvidia.com/gpu"
+
+
+def _a(at: float, *ids: str) -> Alloc:
+    return Alloc(R, ids, at)
+
+
+@pytest.mark.parametrize(
+    ("log", "listed", "ever_listed", "expected"),
+    [
+        ([_a(0.0, "d0", "d1", "d2"), _a(0.01, "d0")], {"d0"}, [], {"d0", "d1", "d2"}),
+        ([_a(0.0, "d0", "d1"), _a(0.01, "d0", "d3"), _a(0.02, "d3")], {"d3"}, [], {"d0", "d1", "d3"}),
+        ([_a(0.0, "d0"), _a(0.01, "d0", "d1")], {"d0", "d1"}, [], {"d0", "d1"}),
+        ([_a(0.0, "d0", "d1", "d2"), _a(0.01, "d0")], {"d0"}, [_a(0.0, "d0", "d1", "d2")], {"d0"}),
+        ([_a(0.0, "d0", "d1", "d2"), _a(5.0, "d0")], {"d0"}, [], {"d0"}),
+        ([_a(0.0, "d1", "d2"), _a(0.01, "d0")], {"d0"}, [], {"d0"}),
+        ([_a(0.0, "d1", "d2"), Alloc("nvidia.com/other", ("d1",), 0.01)], set(), [], set()),
+    ],
+    ids=[
+        "an init container's unreused devices stay with its pod",
+        "several init containers chain back",
+        "an init container whose devices the app reuses adds nothing",
+        "an allocation PodResources once listed (an ended pod) is never an init container's",
+        "an allocation long before the pod's is not its init container's",
+        "an allocation sharing no device with the next is not its init container's",
+        "allocations of another resource do not chain",
+    ],
+)
+def test_init_container_devices_are_recovered_from_the_allocation_log(
+    log: list[Alloc], listed: set[str], ever_listed: list[Alloc], expected: set[str]
+) -> None:
+    pods = [_pod("p", R, *listed)] if listed else []
+    out = with_init_container_devices(pods, log, ever_listed=set(ever_listed))
+    held = set(out[0].devices.get(R, ())) if out else set()
+    assert held == expected
+
+
+def test_app_allocations_are_those_one_listed_pod_holds_entirely() -> None:
+    pods = [_pod("p", R, "d0", "d1"), _pod("q", R, "d2")]
+    log = [_a(0.0, "d0", "d1"), _a(0.1, "d1", "d2"), _a(0.2, "d2"), _a(0.3, "d9")]
+    assert app_allocations(log, pods) == {log[0], log[2]}

@@ -6,10 +6,10 @@ PodResources `List` shows app containers and sidecars, never plain init containe
 init container asks for more replicas than the app containers reuse, the surplus is held (the
 kubelet offers it to no one) yet appears in no PodResources entry.
 
-Found by this scenario: the agent builds `allocated` from PodResources alone, so it publishes
-fewer replicas than the kubelet holds; `common.scoring` (which counts the surplus, like the
-kubelet) is then fed a state with free replicas that do not exist, and predicts placements
-the agent cannot make. The xfail below pins that; the passing test pins the cases that agree.
+Found by this scenario: an agent that built `allocated` from PodResources alone published fewer
+replicas than the kubelet holds, so `common.scoring` (which counts the surplus, like the kubelet)
+was fed free replicas that did not exist and predicted placements the agent could not make. The
+agent now recovers them from its own Allocate log; the last test below pins that.
 """
 
 from __future__ import annotations
@@ -149,11 +149,5 @@ def test_scoring_counts_a_finished_init_containers_replicas_like_the_kubelet(rec
     assert predicted == held
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent publication counts devices from PodResources List only, which never shows plain "
-    "init containers: a finished init container's unreused replicas are held by the kubelet but "
-    "not published (see the scenario report)",
-)
 def test_replicas_held_only_by_a_finished_init_container_are_published(record: Record) -> None:
     assert record.published == record.held
