@@ -2,7 +2,8 @@
 
     sharepack-agent --simulated-machine dgx-a100 --kubelet-socket /tmp/x/kubelet.sock
 
-Signals: SIGHUP reloads the config file (a bad one is logged, the old config keeps serving);
+Signals: SIGHUP reloads the config source in charge (agent.reloading): the named per-node config
+while one is followed, else the config file (a bad one is logged, the old config keeps serving);
 the first SIGTERM/SIGINT drains gracefully, a second one exits at once.
 
 With a Kubernetes API (`--kubeconfig`, or in-cluster) and `--node-name`, the node's
@@ -24,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import nvml, nvmlsim, options
+from agent import nvml, nvmlsim, options, reloading
 from agent.errors import OptionsError
 from agent.health import XidPolicy
 from agent.running import Agent, Settings
@@ -133,7 +134,8 @@ async def _serve_inventory(
         xid_policy=XidPolicy.from_env(opts.env),
         recovery_after_s=opts.unhealthy_recovery_s,
     )
-    agent = Agent(settings, config, inventory, wait_for_xid=watcher.wait, config_loader=config_loader(opts))
+    reloader = reloading.ConfigReloader(config_loader(opts))
+    agent = Agent(settings, config, inventory, wait_for_xid=watcher.wait, config_loader=reloader)
     stops = 0
 
     def on_stop(signum: int) -> None:
@@ -152,7 +154,7 @@ async def _serve_inventory(
     api = await kubernetes_api(opts)
     try:
         if api is not None and opts.node_name:
-            agent.supervise("publication", publication(agent, api, opts))
+            agent.supervise("publication", publication(agent, api, opts, reloader))
         elif api is not None:
             log.warning("no --node-name (NODE_NAME): not publishing this node's GPU state")
         await agent.run()
@@ -184,7 +186,9 @@ async def kubernetes_api(opts: options.Options) -> Any:
         return None
 
 
-async def publication(agent: Agent, api: Any, opts: options.Options) -> None:
+async def publication(
+    agent: Agent, api: Any, opts: options.Options, reloader: reloading.ConfigReloader | None = None
+) -> None:
     from agent import configwatching, publishing  # noqa: PLC0415
 
     source = None
@@ -193,7 +197,9 @@ async def publication(agent: Agent, api: Any, opts: options.Options) -> None:
         source = configwatching.ConfigSource(namespace, name, env=opts.env, flags=opts.config_flags)
     assert opts.node_name is not None
     await publishing.run_publication(
-        agent, api, opts.node_name, pod_resources_socket=opts.pod_resources_socket, config_source=source
+        agent, api, opts.node_name, pod_resources_socket=opts.pod_resources_socket,
+        settings=publishing.PublishSettings(heartbeat_s=opts.state_heartbeat_s),
+        config_source=source, reloader=reloader,
     )
 
 

@@ -10,6 +10,10 @@ A config that fails (unknown name, invalid file, resources that cannot be built 
 logged and reported as a Warning Event on the Node, once per distinct input; the running config
 stays. Until both the Node and the ConfigMap have been read nothing is applied; a missing
 ConfigMap keeps the config the agent started with.
+
+SIGHUP (`agent.reloading.ConfigReloader`): once the ConfigMap has been seen the named config is
+in charge, and `reload_config` selects it again from the label and ConfigMap last seen, so a
+reload never falls back to `--config-file` behind the watcher's back.
 """
 
 from __future__ import annotations
@@ -87,11 +91,39 @@ class ConfigWatcher:
         self.applied_event = asyncio.Event()  # set after each apply (tests)
         self.rejected: list[str] = []  # problems reported, newest last (tests)
         self._missing_reported = False
+        self._running = False
 
     def _on_change(self, _cache: Mapping[Key, Obj]) -> None:
         self._changed.set()
 
+    def reload_config(self) -> Config | None:
+        """For SIGHUP: the named config selected again from the label and ConfigMap last seen,
+        merged with the agent's flags and env; None while no named config is in charge (not
+        running, not synced yet, or no ConfigMap: the file is). Raises ConfigError, like the
+        file would. Safe from a worker thread: it reads one immutable snapshot."""
+        inputs = self._last_inputs if self._running else None
+        if inputs is None:
+            return None
+        label, data = inputs
+        if data is None:
+            return None
+        where = f"configmap {self.source.namespace}/{self.source.configmap}"
+        name, config = load_named_config(
+            dict(data), label, env=self.source.env, flags=self.source.flags,
+            default_name=self.source.default_name, source=where,
+        )
+        log.info("reload: named config %s from %s (label %s=%s) is in charge; applying it again",
+                 name, where, self.source.label, label, extra={"config": name})  # fmt: skip
+        return config
+
     async def run(self) -> None:
+        self._running = True
+        try:
+            await self._run()
+        finally:
+            self._running = False
+
+    async def _run(self) -> None:
         tasks = Supervisor(f"config {self.node_name}")
         tasks.spawn("config:node-watch", self.node.run())
         tasks.spawn("config:configmap-watch", self.configmap.run())

@@ -13,7 +13,8 @@ Names follow the upstream NVIDIA device plugin where it has them.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -51,6 +52,9 @@ _PROCESS = (
     _Process("log-format", "LOG_FORMAT", "text", "text or json"),
     _Process("unhealthy-recovery-seconds", "SHAREPACK_UNHEALTHY_RECOVERY_SECONDS", "0",
              "a device with no critical XID for this long becomes healthy again (0: never)"),
+    _Process("state-heartbeat-seconds", "SHAREPACK_STATE_HEARTBEAT_SECONDS", "60",
+             "rewrite the NodeGpuState with a fresh observedAt this often even when nothing "
+             "changed, so schedulers can tell a quiet node from a dead agent (0: never)"),
 )
 
 _CONFIG_HELP = {
@@ -81,6 +85,7 @@ class Options:
     log_format: str
     unhealthy_recovery_s: float
     node_config_configmap: tuple[str, str] | None = None  # (namespace, name)
+    state_heartbeat_s: float = 60.0  # 0: write only on change
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -107,6 +112,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seconds(process: Callable[[str], tuple[str | None, str]], flag: str) -> float:
+    """A process setting in seconds, >= 0 (finite); OptionsError naming where it came from."""
+    raw, origin = process(flag)
+    try:
+        value = float(raw or "0")
+        if not 0 <= value < math.inf:  # also rejects nan and inf
+            raise ValueError
+    except ValueError:
+        raise OptionsError(f"invalid --{flag} option: {raw} (from {origin}; want seconds >= 0)") from None
+    return value
+
+
 def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     """Raises OptionsError naming the bad option and where its value came from."""
     ns = vars(parser().parse_args(list(argv)))
@@ -123,16 +140,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     log_format, origin = process("log-format")
     if log_format not in LOG_FORMATS:
         raise OptionsError(f"invalid --log-format option: {log_format} (from {origin}; want text or json)")
-    raw_recovery, origin = process("unhealthy-recovery-seconds")
-    try:
-        recovery = float(raw_recovery or "0")
-        if recovery < 0:
-            raise ValueError
-    except ValueError:
-        raise OptionsError(
-            f"invalid --unhealthy-recovery-seconds option: {raw_recovery} (from {origin}; "
-            "want seconds >= 0)"
-        ) from None
+    recovery = _seconds(process, "unhealthy-recovery-seconds")
+    heartbeat = _seconds(process, "state-heartbeat-seconds")
     configmap: tuple[str, str] | None = None
     raw_configmap, origin = process("node-config-configmap")
     if raw_configmap:
@@ -159,5 +168,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         log_format=log_format,
         unhealthy_recovery_s=recovery,
         node_config_configmap=configmap,
+        state_heartbeat_s=heartbeat,
         env=MappingProxyType(dict(env)),
     )

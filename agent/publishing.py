@@ -14,6 +14,11 @@ content (everything but `observedAt`) differs from what it last wrote. At the de
 published within about 0.2 s, and in any case within `settle_s + debounce_s + min_interval_s`
 (under 1 s) of the agent noticing it.
 
+Heartbeat: with nothing changed for `heartbeat_s` (`--state-heartbeat-seconds`), the same content
+is written again with a fresh `observedAt`, so that readers can tell a quiet node from a dead
+agent (the extender treats a state older than its `--state-max-age-seconds` as unknown). 0 turns
+the heartbeat off: then `observedAt` only says when the content last changed.
+
 Nothing is published before the first PodResources read and the first list of pods (so a
 restarted agent never flashes "all free"); a restarted agent whose state matches the object's
 writes nothing. The object is created when missing, owned by the Node (so it goes when the Node
@@ -48,6 +53,7 @@ from kubernetes.aio import client as kclient
 from agent import configwatching
 from agent.kubewatching import Key, Obj, Reflector
 from agent.podresources import PodResourcesClient, PodResourcesError
+from agent.reloading import ConfigReloader
 from agent.running import Snapshot
 from agent.tasks import Supervisor
 from common import state as schema
@@ -72,6 +78,7 @@ class PublishSettings:
     resync_s: float = 30.0  # read the object back this often; rewrite it if gone or edited
     request_timeout_s: float = 5.0
     agent_version: str = AGENT_VERSION
+    heartbeat_s: float = 60.0  # rewrite an unchanged state this often (fresh observedAt); 0: never
 
 
 class AgentView(Protocol):
@@ -89,6 +96,19 @@ class AgentView(Protocol):
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def age_s(observed_at: object, now: datetime | None = None) -> float | None:
+    """Seconds since an `observedAt` (RFC 3339); None when missing or unreadable."""
+    if not isinstance(observed_at, str) or not observed_at:
+        return None
+    try:
+        when = datetime.fromisoformat(observed_at.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return ((now or datetime.now(UTC)) - when).total_seconds()
 
 
 def is_api_outage(exc: BaseException) -> bool:
@@ -156,6 +176,7 @@ class Publisher:
         self._ever_listed: set[statebuilding.AllocationLike] = set()
         self._object: dict[str, Any] | None = None
         self.published: NodeState | None = None
+        self._published_at = float("-inf")  # clock() when the published observedAt was current
         self.writes = 0
         self.write_failures = 0
 
@@ -262,15 +283,22 @@ class Publisher:
         await self._listed.wait()
         await self.pods.reflector.synced.wait()
         last_write = float("-inf")
+        last_resync = self._clock()
         while True:
-            resync = not await _wait_event(self._dirty, s.resync_s)
-            if not resync:
+            due = last_resync + s.resync_s
+            if s.heartbeat_s > 0 and self.published is not None:
+                due = min(due, self._published_at + s.heartbeat_s)
+            dirty = await _wait_event(self._dirty, max(due - self._clock(), 0.0))
+            if dirty:
                 wait = max(s.debounce_s, last_write + s.min_interval_s - self._clock())
                 await asyncio.sleep(wait)
             self._dirty.clear()
-            if resync:
+            now = self._clock()
+            if now >= last_resync + s.resync_s:
+                last_resync = now
                 await self._resync()
-            if await self._publish_until_done():
+            heartbeat = s.heartbeat_s > 0 and now >= self._published_at + s.heartbeat_s
+            if await self._publish_until_done(heartbeat=heartbeat):
                 last_write = self._clock()
 
     async def _resync(self) -> None:
@@ -293,13 +321,14 @@ class Publisher:
             log.warning("NodeGpuState %s was changed by someone else; writing ours again", self.node_name)
             self.published = None
 
-    async def _publish_until_done(self) -> bool:
-        """Write the current state if it differs from what is published; retry until done."""
+    async def _publish_until_done(self, *, heartbeat: bool = False) -> bool:
+        """Write the current state if it differs from what is published (or, for a heartbeat,
+        in any case, to refresh `observedAt`); retry until done."""
         backoff = 0.0
         stale_retried = False
         while True:
             state = self.current_state()
-            if statebuilding.same_content(state, self.published):
+            if not heartbeat and statebuilding.same_content(state, self.published):
                 return False
             try:
                 await self._write(state)
@@ -332,9 +361,16 @@ class Publisher:
         doc = statebuilding.status_document(state)
         if self._object is None:
             self._object = await self._get_or_create()
-            if _same_status(self._object.get("status"), doc):
-                self.published = state  # e.g. after an agent restart: nothing to write
-                return
+            status = self._object.get("status")
+            if _same_status(status, doc):
+                # E.g. after an agent restart: nothing to write, unless its observedAt is due
+                # for a heartbeat (a restart after a long outage must not leave it stale).
+                age = age_s(status.get("observedAt")) if isinstance(status, Mapping) else None
+                beat = self.settings.heartbeat_s
+                if beat <= 0 or (age is not None and 0 <= age < beat):
+                    self.published = state
+                    self._published_at = self._clock() - (age or 0.0)
+                    return
         body = dict(self._object)
         body["status"] = doc
         try:
@@ -348,6 +384,7 @@ class Publisher:
         assert isinstance(obj, dict)
         self._object = obj
         self.published = state
+        self._published_at = self._clock()
         self.writes += 1
         log.debug("published NodeGpuState %s (write %d)", self.node_name, self.writes)
 
@@ -425,18 +462,27 @@ async def run_publication(
     pod_resources_socket: Path,
     settings: PublishSettings | None = None,
     config_source: configwatching.ConfigSource | None = None,
+    reloader: ConfigReloader | None = None,
 ) -> None:
     """Publish the node's NodeGpuState (and, with `config_source`, follow the per-node config)
     until cancelled. Meant to run as one supervised task next to `Agent.run()`; it raises only on
-    a bug, never because the API or the kubelet is away. Returns never."""
+    a bug, never because the API or the kubelet is away. Returns never.
+
+    `reloader` (the agent's SIGHUP config loader) follows the per-node config while it is
+    watched, so SIGHUP re-applies the named config in charge rather than the file."""
     async with PodResourcesClient(pod_resources_socket) as pod_resources:
         publisher = Publisher(agent, api, node_name, pod_resources, settings)
         tasks = Supervisor(f"publication {node_name}")
         tasks.spawn("publication:publisher", publisher.run())
+        watcher = None
         if config_source is not None:
             watcher = configwatching.ConfigWatcher(agent, api, node_name, config_source)
             tasks.spawn("publication:config", watcher.run())
+            if reloader is not None:
+                reloader.follow(watcher)
         try:
             raise await tasks.wait()
         finally:
+            if reloader is not None and watcher is not None:
+                reloader.follow(None)
             await tasks.stop()

@@ -37,6 +37,9 @@ log = logging.getLogger("extender")
 DEFAULT_LISTEN = "0.0.0.0:8888"
 DEFAULT_ASSUME_TTL_S = 120.0
 DEFAULT_RESYNC_S = 300.0
+# Three agent heartbeats (--state-heartbeat-seconds, 60 s by default): one lost or late write
+# does not make a live node unknown; a dead agent's node is unknown within three minutes.
+DEFAULT_STATE_MAX_AGE_S = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class Options:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     assume_ttl_s: float = DEFAULT_ASSUME_TTL_S
     resync_s: float = DEFAULT_RESYNC_S
+    state_max_age_s: float = DEFAULT_STATE_MAX_AGE_S  # 0: no age check
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -82,9 +86,14 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="seconds a bound pod counts with its predicted placement before its "
                         "agent reports it")  # fmt: skip
     p.add_argument("--resync", type=float, default=DEFAULT_RESYNC_S, help="relist period, s")
+    p.add_argument("--state-max-age-seconds", type=float, default=DEFAULT_STATE_MAX_AGE_S,
+                   help="a NodeGpuState whose observedAt is older than this is stale: its node "
+                        "is treated as unknown (passes filter, score 0); 0 turns the check off")  # fmt: skip
     a = p.parse_args(list(argv))
     if bool(a.tls_cert_file) != bool(a.tls_private_key_file):
         p.error("--tls-cert-file and --tls-private-key-file go together")
+    if not a.state_max_age_seconds >= 0:  # also rejects nan
+        p.error(f"invalid --state-max-age-seconds option: {a.state_max_age_seconds} (want seconds >= 0)")
     opts = Options(
         listen=a.listen,
         node_policy=Policy(a.node_policy),
@@ -97,6 +106,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         max_body_bytes=a.max_body_bytes,
         assume_ttl_s=a.assume_ttl,
         resync_s=a.resync,
+        state_max_age_s=a.state_max_age_seconds,
     )
     try:
         opts.host_port
@@ -155,7 +165,10 @@ class Service:
         self.opts = opts
         self.api = api
         self.metrics = Metrics()
-        self.view = ClusterView(opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s)
+        self.view = ClusterView(
+            opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s,
+            max_age_s=opts.state_max_age_s,
+        )  # fmt: skip
         self.informers: list[Informer] = []
         binder: Binder | None = None
         if api is not None:
@@ -217,6 +230,8 @@ class Service:
             loop.create_task(self._expire_assumed(), name="extender-expire-assumed"),
             loop.create_task(self._freeze_when_synced(), name="extender-gc-freeze"),
         ]
+        if self.opts.state_max_age_s > 0:
+            self._tasks.append(loop.create_task(self._sweep_stale(), name="extender-sweep-stale"))
         log.info("serving on %s:%d (%s) with node policy %s",
                  host, self.port, "https" if ssl_context else "http",
                  self.opts.node_policy, extra={"options": asdict(self.opts)})  # fmt: skip
@@ -233,6 +248,13 @@ class Service:
         while True:
             await asyncio.sleep(period)
             self.view.expire()
+
+    async def _sweep_stale(self) -> None:
+        # Only for the log: requests compare each state's age themselves.
+        period = max(min(self.opts.state_max_age_s / 6, 10.0), 0.05)
+        while True:
+            await asyncio.sleep(period)
+            self.view.sweep_stale()
 
     async def _freeze_when_synced(self) -> None:
         for informer in self.informers:

@@ -8,6 +8,13 @@
   (`sharepack_extender_predictions_total`). Per node it keeps one `NodeScorer` for the
   effective state (published + assumed), rebuilt on every change, so the request path is
   dictionary lookups.
+* Freshness: each agent rewrites its state at least every heartbeat (`--state-heartbeat-seconds`)
+  even when nothing changed. A state whose `observedAt` is older than `max_age_s` is *stale*
+  and the node is treated as unknown (filter passes it, prioritize scores it 0): its agent may
+  be dead, and its counts may be wrong in either direction. `observedAt` is parsed once per
+  watch event into `WireScorer.fresh_until` (wall-clock seconds); the request path compares
+  that float against one clock read per request. `sweep_stale` (called periodically) logs
+  each node once as it goes stale; a write that makes it fresh again is logged as it arrives.
 * `Informer`: list + watch of one resource in a thread (the kubernetes client is blocking),
   delivering to the loop with `call_soon_threadsafe`: periodic relist (resync), relist on 410
   Gone, reconnect with capped exponential backoff. The request path never calls the API.
@@ -17,16 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
 
-from common import podrequests, scoring
+from common import podrequests, scoring, statebuilding
 from common.errors import RequestError, StateSchemaError
 from common.podrequests import PodRequest
 from common.policies import Policy
@@ -43,13 +52,30 @@ RECENT_REQUESTS = 4096
 # the last few finds that node's score memoised (one simulation is ~20 us; the request path
 # has ~1-2 us per node).
 PRESCORED_SHAPES = 4
+NEVER_STALE = math.inf
+
+
+def observed_epoch(observed_at: str) -> float | None:
+    """`observedAt` (RFC 3339) as POSIX seconds; None when missing or unreadable."""
+    if not observed_at:
+        return None
+    try:
+        when = datetime.fromisoformat(observed_at.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None  # a time without a zone cannot be compared with ours
+    return when.timestamp()
 
 
 class WireScorer(NodeScorer):
     """A `NodeScorer` that also memoises the node's encoded `HostPriority` per request shape,
-    so a warm prioritize is a lookup and a bytes join per node."""
+    so a warm prioritize is a lookup and a bytes join per node.
 
-    __slots__ = ("name", "_prefix", "_wire")
+    `fresh_until`: wall-clock time (POSIX seconds) after which the state is stale and the node
+    counts as unknown; `math.inf` when the age check is off."""
+
+    __slots__ = ("name", "fresh_until", "_prefix", "_wire")
 
     def __init__(
         self,
@@ -61,6 +87,7 @@ class WireScorer(NodeScorer):
     ) -> None:
         super().__init__(state, node_policy, version, templates=templates)
         self.name = name
+        self.fresh_until = NEVER_STALE
         self._prefix = protocol.host_prefix(name)
         self._wire: dict[str, bytes] = {}
 
@@ -93,12 +120,19 @@ class ClusterView:
         assume_ttl: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
         managed: podrequests.Managed | None = None,
+        max_age_s: float = 0.0,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_policy = node_policy
         self.metrics = metrics or Metrics()
         self.assume_ttl = assume_ttl
         self.clock = clock
         self.managed = managed
+        # States older than this are stale (the node counts as unknown); 0: no age check.
+        self.max_age_s = max_age_s
+        self.wall_clock = wall_clock  # compared with the agents' observedAt: wall time
+        self._fresh_until: dict[str, float] = {}  # node -> when its published state goes stale
+        self.stale: set[str] = set()  # nodes last logged as stale
         self.scorers: dict[str, WireScorer] = {}  # nodes with a usable published state
         self.published: dict[str, tuple[str, NodeState]] = {}  # node -> (resourceVersion, state)
         self.invalid: dict[str, str] = {}  # node -> why its state is unusable (treated unknown)
@@ -180,15 +214,95 @@ class ClusterView:
             self.invalid[name] = str(e)
             self._publish(name, None)
             self.scorers.pop(name, None)
+            self._forget_freshness(name)
             self._changed()
             return
         self.invalid.pop(name, None)
+        old = self.published.get(name)
         self._publish(name, (rv, state))
+        fresh_until = self._track_freshness(name, state)
+        settled = False
         for uid in list(self._assumed_on.get(name, ())):
             reported = scoring.placed_gpus(state, uid)
             if reported:
                 self._settle(uid, reported)
+                settled = True
+        scorer = self.scorers.get(name)
+        if not settled and scorer is not None and old is not None and statebuilding.same_content(old[1], state):
+            # A heartbeat: only observedAt moved. Keep the scorer and its memo.
+            scorer.fresh_until = fresh_until
+            self._changed()
+            return
         self._rebuild(name)
+
+    # -- freshness -------------------------------------------------------------------------
+
+    def _track_freshness(self, name: str, state: NodeState) -> float:
+        """Parse `observedAt` once, remember when the state goes stale, log a transition."""
+        if self.max_age_s <= 0:
+            fresh_until = NEVER_STALE
+        else:
+            now = self.wall_clock()
+            observed = observed_epoch(state.observed_at)
+            if observed is None:
+                fresh_until = -math.inf  # no usable time: we cannot tell it is fresh
+            else:
+                # An agent clock ahead of ours must not buy extra life: count from receipt.
+                fresh_until = min(observed, now) + self.max_age_s
+            if fresh_until <= now:
+                self._went_stale(name, state.observed_at, now)
+            elif name in self.stale:
+                self.stale.discard(name)
+                log.info("NodeGpuState of node %s is fresh again (observed at %s): scoring it",
+                         name, state.observed_at)  # fmt: skip
+        self._fresh_until[name] = fresh_until
+        return fresh_until
+
+    def _went_stale(self, name: str, observed_at: str, now: float) -> None:
+        if name in self.stale:
+            return
+        self.stale.add(name)
+        observed = observed_epoch(observed_at)
+        age = "unreadable" if observed is None else f"{now - observed:.0f} s ago"
+        log.warning(
+            "NodeGpuState of node %s is stale: observed at %s (%s), max age %.0f s; treating the "
+            "node as unknown (filter passes it, score 0) until its agent writes again",
+            name, observed_at or "never", age, self.max_age_s,
+        )  # fmt: skip
+
+    def _forget_freshness(self, name: str) -> None:
+        self._fresh_until.pop(name, None)
+        self.stale.discard(name)
+
+    def sweep_stale(self) -> int:
+        """Log nodes whose state went stale since the last sweep; returns how many are stale.
+
+        The request path needs no sweep (it compares `fresh_until` itself): this only makes
+        the transition visible in the log."""
+        if self.max_age_s <= 0:
+            return 0
+        now = self.wall_clock()
+        for name, scorer in self.scorers.items():
+            if scorer.fresh_until <= now and name not in self.stale:
+                # The published entry, not the scorer's state: a heartbeat keeps the scorer.
+                entry = self.published.get(name)
+                self._went_stale(name, entry[1].observed_at if entry else "", now)
+        return self.count_stale(now)
+
+    def count_stale(self, now: float | None = None) -> int:
+        """Nodes with a usable published state that is too old (the `stale_nodes` gauge)."""
+        if self.max_age_s <= 0:
+            return 0
+        now = self.wall_clock() if now is None else now
+        return sum(1 for s in self.scorers.values() if s.fresh_until <= now)
+
+    def fresh_scorer(self, name: str) -> WireScorer | None:
+        """The node's scorer if its state is usable and fresh (not for the hot loops, which
+        inline this with one clock read per request)."""
+        scorer = self.scorers.get(name)
+        if scorer is None or scorer.fresh_until <= self.wall_clock():
+            return None
+        return scorer
 
     def delete_state(self, obj: Any) -> None:
         if isinstance(obj, Mapping):
@@ -198,6 +312,7 @@ class ClusterView:
         self._publish(name, None)
         self.invalid.pop(name, None)
         self.scorers.pop(name, None)
+        self._forget_freshness(name)
         self._changed()
 
     def _settle(self, uid: str, reported: Mapping[str, frozenset[str]]) -> None:
@@ -225,6 +340,7 @@ class ClusterView:
                 state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
             self._generation += 1
             scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates)
+            scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
             for request in self._shapes.values():
                 scorer.host_priority(request)
             self.scorers[name] = scorer
@@ -305,7 +421,7 @@ class ClusterView:
             self._settled.add(uid)  # its agent was faster than us: already counted
             self._changed()
             return None
-        scorer = self.scorers.get(node)
+        scorer = self.fresh_scorer(node)  # a stale node is unknown: no prediction either
         predicted = scorer.score(request) if scorer is not None else None
         placement = predicted.placement if predicted is not None and predicted.feasible else {}
         self.assumed[uid] = Assumed(uid, node, placement, self.clock() + self.assume_ttl)

@@ -55,6 +55,10 @@ class Extender:
         m.gauge("sharepack_extender_cache_nodes_unusable",
                 "Nodes whose published state this extender cannot read.",
                 lambda: len(view.invalid))  # fmt: skip
+        m.gauge("sharepack_extender_stale_nodes",
+                "Nodes whose published state is older than --state-max-age-seconds "
+                "(treated as unknown; counted in cache_nodes too).",
+                view.count_stale)  # fmt: skip
         m.gauge("sharepack_extender_cache_pods", "GPU pods bound to nodes.", lambda: len(view.pods))
         m.gauge("sharepack_extender_assumed_pods",
                 "Pods counted with their predicted placement until their agent reports them.",
@@ -127,12 +131,14 @@ class Extender:
         if pod.empty:
             return self._json(protocol.encode_filter(args, everyone, {}, {}))
         scorers = self.view.scorers
+        now = self.view.wall_clock()  # one clock read; per node a float comparison
         survivors: list[int] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for i, name in enumerate(args.node_names):
             scorer = scorers.get(name)
-            if scorer is None:  # unknown: pass through, correctness is the kubelet's
+            if scorer is None or scorer.fresh_until <= now:
+                # Unknown or stale: pass through, correctness is the kubelet's.
                 survivors.append(i)
                 continue
             s = scorer.verdict(pod)
@@ -154,13 +160,17 @@ class Extender:
         if pod is None or pod.empty:
             return self._json(protocol.encode_priorities(names, [0] * len(names)))
         scorers = self.view.scorers
+        now = self.view.wall_clock()
         unknown = UNKNOWN_NODE.score
         host_priority = protocol.host_priority
         parts: list[bytes] = []
         append = parts.append
         for name in names:
             scorer = scorers.get(name)
-            append(host_priority(name, unknown) if scorer is None else scorer.host_priority(pod))
+            if scorer is None or scorer.fresh_until <= now:  # unknown or stale: lowest score
+                append(host_priority(name, unknown))
+            else:
+                append(scorer.host_priority(pod))
         return self._json(protocol.join_priorities(parts))
 
     async def bind(self, request: web.Request) -> web.Response:

@@ -84,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         summaries = [reporting.summarise(label, runs, published) for label, runs in results.items()]
         print(f"{workload}: {len(seeds)} seed(s), tune {workloads.TUNE_RATIO}")
         print(reporting.table(summaries))
+        print()
+        print(reporting.failures_table(results))
         all_runs = [run for runs in results.values() for run in runs]
         written = reporting.write_csvs(args.csv, workload, all_runs)
         curves = {label: np.nanmean([r.binned.allocation for r in runs], axis=0) for label, runs in results.items()}

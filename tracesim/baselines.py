@@ -150,7 +150,8 @@ def score_clustering(cluster: Cluster, req: Request, idx: IntArray, rng: np.rand
 def _sigmoid_score(delta: FloatArray) -> IntArray:
     # Snap float noise so that "no change" scores exactly 50, as the study's exact sums do.
     delta = np.where(np.abs(delta) < 1e-6, 0.0, delta)
-    out: IntArray = (1.0 / (1.0 + np.exp(-delta / 1000.0)) * MAX_NODE_SCORE).astype(np.int64)
+    # Clipped: beyond |50| the truncated score is 0 or 100 anyway, and exp() would overflow.
+    out: IntArray = (1.0 / (1.0 + np.exp(np.clip(-delta / 1000.0, -50.0, 50.0))) * MAX_NODE_SCORE).astype(np.int64)
     return out
 
 

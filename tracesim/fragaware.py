@@ -34,6 +34,7 @@ def fragment_gradient_scores(
     `leftover_milli`: share left on the chosen GPU after the placement (0 for whole-GPU pods).
     """
     delta = np.where(np.abs(frag_delta) < 1e-6, 0.0, frag_delta)
-    primary = np.trunc(100.0 / (1.0 + np.exp(-delta / 1000.0)))
+    # Clipped: beyond |50| the truncated score is 0 or 100 anyway, and exp() would overflow.
+    primary = np.trunc(100.0 / (1.0 + np.exp(np.clip(-delta / 1000.0, -50.0, 50.0))))
     out: npt.NDArray[np.float64] = primary - LEFTOVER_WEIGHT * leftover_milli / 1000.0
     return out

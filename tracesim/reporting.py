@@ -90,16 +90,33 @@ def _fmt(value: float) -> str:
     return "" if math.isnan(value) else f"{value:.2f}"
 
 
+POD_CLASSES = ("cpu", "share", "1gpu", "2gpu", "4gpu", "8gpu", "other")
+
+
+def failures_table(results: dict[str, list[Run]]) -> str:
+    """Pods that found no node by the end of the run (130 % arrived), mean per seed, by class."""
+    head = f"{'failed pods':<16} " + " ".join(f"{c:>7}" for c in POD_CLASSES)
+    lines = [head, "-" * len(head)]
+    for label, runs in results.items():
+        means = [_mean([float(r.result.failed.get(c, 0)) for r in runs]) for c in POD_CLASSES]
+        lines.append(f"{label:<16} " + " ".join(f"{m:>7.1f}" for m in means))
+    return "\n".join(lines)
+
+
+def _sibling(path: Path, suffix: str) -> Path:
+    return path.with_name(f"{path.stem}_{suffix}{path.suffix or '.csv'}")
+
+
 def write_csvs(path: Path, workload: str, runs: Sequence[Run]) -> list[Path]:
     """`path` in the layout of analysis_allo_discrete.csv, plus `<stem>_frag.csv` and
-    `<stem>_frag_ratio.csv` in those of the frag files."""
+    `<stem>_frag_ratio.csv` in those of the frag files, `<stem>_free_gpus.csv` (fully free GPUs,
+    % of all) in the same layout, and `<stem>_failed.csv` (failed pods by class, per run)."""
     grid = [str(k) for k in GRID]
-    frag_path = path.with_name(f"{path.stem}_frag{path.suffix or '.csv'}")
-    ratio_path = path.with_name(f"{path.stem}_frag_ratio{path.suffix or '.csv'}")
     outputs: tuple[tuple[Path, bool, Callable[[Binned], FloatArray]], ...] = (
         (path, True, lambda b: b.allocation),
-        (frag_path, False, lambda b: b.frag_amount),
-        (ratio_path, False, lambda b: b.frag_ratio),
+        (_sibling(path, "frag"), False, lambda b: b.frag_amount),
+        (_sibling(path, "frag_ratio"), False, lambda b: b.frag_ratio),
+        (_sibling(path, "free_gpus"), False, lambda b: b.free_gpus),
     )
     for target, with_total, pick in outputs:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +128,20 @@ def write_csvs(path: Path, workload: str, runs: Sequence[Run]) -> list[Path]:
                 values = [_fmt(float(v)) for v in pick(run.binned)]
                 total = [str(res.total_gpus)] if with_total else []
                 w.writerow([workload, res.policy, TUNE_RATIO, res.seed, *total, *values])
-    return [o[0] for o in outputs]
+    failed_path = _sibling(path, "failed")
+    with failed_path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["workload", "sc_policy", "tune", "seed", *POD_CLASSES, "first_failure_pct"])
+        for run in runs:
+            res = run.result
+            first = (
+                ""
+                if res.first_failure_milli is None
+                else f"{100.0 * res.first_failure_milli / 1000.0 / res.total_gpus:.2f}"
+            )
+            counts = [str(res.failed.get(c, 0)) for c in POD_CLASSES]
+            w.writerow([workload, res.policy, TUNE_RATIO, res.seed, *counts, first])
+    return [*(o[0] for o in outputs), failed_path]
 
 
 def load_published(workload: str, path: Path | None = None, metric: str = "allocation") -> dict[str, FloatArray]:
@@ -145,6 +175,8 @@ def plot(path: Path, workload: str, curves: dict[str, FloatArray], published: di
     fig, ax = plt.subplots(figsize=(10, 6.5))
     x = np.array(GRID)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(curves) > len(colors):
+        colors = [plt.get_cmap("tab20")(i) for i in range(20)]
     for i, (name, y) in enumerate(curves.items()):
         color = colors[i % len(colors)]
         base = name.split("@")[0]

@@ -41,6 +41,9 @@ def test_only_given_config_flags_reach_load_config_and_win_over_env() -> None:
         pytest.param(["--config-file", "/a.yaml"], {"CONFIG_FILE": "/b.yaml"}, "config_file", "/a.yaml", id="config file flag beats env"),
         pytest.param(["--log-format=json"], {}, "log_format", "json", id="json logs"),
         pytest.param([], {}, "unhealthy_recovery_s", 0.0, id="recovery off by default"),
+        pytest.param([], {}, "state_heartbeat_s", 60.0, id="state heartbeat every minute by default"),
+        pytest.param([], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "15"}, "state_heartbeat_s", 15.0, id="state heartbeat from env"),
+        pytest.param(["--state-heartbeat-seconds", "0"], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "15"}, "state_heartbeat_s", 0.0, id="state heartbeat flag beats env and 0 turns it off"),
     ],
 )
 def test_process_options(argv: list[str], env: dict[str, str], attr: str, expected: object) -> None:
@@ -53,6 +56,8 @@ def test_process_options(argv: list[str], env: dict[str, str], attr: str, expect
         pytest.param(["--log-format", "xml"], {}, "invalid --log-format option: xml (from --log-format", id="bad log format names the flag"),
         pytest.param([], {"LOG_FORMAT": "xml"}, "(from env LOG_FORMAT", id="bad env value names the env var"),
         pytest.param(["--unhealthy-recovery-seconds", "-1"], {}, "invalid --unhealthy-recovery-seconds option: -1", id="negative recovery"),
+        pytest.param([], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "soon"}, "invalid --state-heartbeat-seconds option: soon (from env SHAREPACK_STATE_HEARTBEAT_SECONDS", id="bad heartbeat names the env var"),
+        pytest.param(["--state-heartbeat-seconds", "nan"], {}, "invalid --state-heartbeat-seconds option: nan", id="nan heartbeat"),
         pytest.param(["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag", id="unknown flag"),
     ],
 )

@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,14 @@ from sandbox.apiserver import FakeApiServer
 SHARED = "nvidia.com/gpu.shared"
 
 
+def now_rfc3339() -> str:
+    # Fresh, as a live agent writes it: older than --state-max-age-seconds would be stale.
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def status(gpus: list[tuple[int, int, tuple[str, ...]]]) -> dict[str, Any]:
     return published.to_status(NodeState(
-        "2026-11-30T03:00:00Z", "0.1.0", Policy.PACKED, MigStrategy.NONE,
+        now_rfc3339(), "0.1.0", Policy.PACKED, MigStrategy.NONE,
         (ResourceState(SHARED, Sharing.TIME_SLICING, False,
                        tuple(GpuState(f"GPU-{i}", str(i), "A100", t, a, 0, pods)
                              for i, (t, a, pods) in enumerate(gpus))),),

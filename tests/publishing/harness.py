@@ -18,6 +18,7 @@ from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
 from agent import configwatching, publishing
+from agent.reloading import ConfigReloader
 from agent.running import Agent, Settings
 from common import state as schema
 from common.config import Config, load_config
@@ -141,6 +142,7 @@ async def node(
     settings: publishing.PublishSettings = FAST,
     config_source: configwatching.ConfigSource | None = None,
     before_start: Callable[[FakeApiServer], Any] | None = None,
+    reloader: ConfigReloader | None = None,
 ) -> AsyncIterator[Node]:
     root = Path(tempfile.mkdtemp(prefix="spp-", dir="/tmp"))
     server = FakeApiServer()
@@ -156,7 +158,7 @@ async def node(
         await kubelet.start()
         agent = Agent(
             Settings(kubelet_socket=kubelet.socket_path, watch_interval_s=0.05, drain_grace_s=0.1),
-            cfg, inventory,
+            cfg, inventory, config_loader=reloader,
         )
         agent_task = asyncio.create_task(agent.run(), name="agent-under-test")
         for resource in agent.resources:
@@ -167,7 +169,7 @@ async def node(
         publication = asyncio.create_task(
             publishing.run_publication(
                 agent, api, NODE, pod_resources_socket=kubelet.pod_resources_socket,
-                settings=settings, config_source=config_source,
+                settings=settings, config_source=config_source, reloader=reloader,
             ),
             name="publication-under-test",
         )

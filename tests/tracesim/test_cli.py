@@ -41,7 +41,13 @@ def test_a_run_prints_the_table_and_writes_csvs_and_a_plot(
     assert rows[0] == STUDY_HEADER
     assert [(r[0], r[1], r[3]) for r in rows[1:3]] == [("pods", "random", "42"), ("pods", "random", "43")]
     assert {r[1] for r in rows[1:]} == {"random", "fgd", "packed", "packed@r10", "ours"}
-    assert (tmp_path / "out" / "res_frag.csv").exists() and (tmp_path / "out" / "res_frag_ratio.csv").exists()
+    for sibling in ("res_frag.csv", "res_frag_ratio.csv", "res_free_gpus.csv"):
+        with (tmp_path / "out" / sibling).open() as f:
+            assert next(csv.reader(f)) == [h for h in STUDY_HEADER if h != "total_gpus"]
+    with (tmp_path / "out" / "res_failed.csv").open() as f:
+        failed = list(csv.DictReader(f))
+    assert len(failed) == 10 and sum(int(r["1gpu"]) + int(r["share"]) for r in failed) > 0
+    assert "failed pods" in captured.out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -68,3 +74,15 @@ def test_published_means_are_built_in_for_the_default_trace() -> None:
     assert 100 - published["random"][100] == pytest.approx(13.70, abs=0.01)
     assert 100 - published["bestfit"][100] == pytest.approx(7.14, abs=0.01)
     assert 100 - published["fgd"][100] == pytest.approx(4.77, abs=0.01)
+
+
+def test_the_studys_per_seed_results_file_can_be_the_comparison(write: Callable[[str, str], Path]) -> None:
+    header = ",".join(STUDY_HEADER)
+    rows = [
+        f"openb_pod_list_x,06-FGD,1.3,{seed},6212," + ",".join(str(v) for v in [90.0 + seed - 42] * 131)
+        for seed in (42, 43)
+    ]
+    path = write("allo.csv", "\n".join([header, *rows]) + "\n")
+    published = reporting.load_published("openb_pod_list_x", path)
+    assert list(published) == ["fgd"]
+    assert published["fgd"][100] == pytest.approx(90.5)
