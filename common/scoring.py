@@ -53,6 +53,7 @@ once per request shape.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -221,9 +222,7 @@ def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> Nod
         if not keys:
             resources.append(res)
             continue
-        counts: dict[str, int] = {}
-        for k in keys:
-            counts[k] = counts.get(k, 0) + 1
+        counts = Counter(keys)
         gpus = []
         for g in res.gpus:
             n = counts.get(g.key, 0)
@@ -240,9 +239,7 @@ def remove_pod(state: NodeState, pod_uid: str, placement: Placement) -> NodeStat
     resources = []
     for res in state.resources:
         keys = placement.get(res.name, ())
-        counts: dict[str, int] = {}
-        for k in keys:
-            counts[k] = counts.get(k, 0) + 1
+        counts = Counter(keys)
         gpus = []
         for g in res.gpus:
             n = counts.get(g.key, 0)

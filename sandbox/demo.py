@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -37,6 +36,7 @@ from common.errors import StateSchemaError
 from common.policies import Policy
 from sandbox.apiserver import FakeApiServer
 from sandbox.nodes import NodeSpec, SimulatedNode
+from sandbox.processes import LoggedProcess
 from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 
 log = logging.getLogger("sandbox.demo")
@@ -150,7 +150,7 @@ class Sandbox:
         self.kubeconfig = root / "kubeconfig"
         self.node_specs = [NodeSpec(f"node-{i}", machine, root / "agent-config.yaml") for i in range(nodes)]
         self.nodes: list[SimulatedNode] = []
-        self.extender: asyncio.subprocess.Process | None = None
+        self.extender: LoggedProcess | None = None
         self.extender_url = ""
         self._stack = contextlib.AsyncExitStack()
 
@@ -191,16 +191,16 @@ class Sandbox:
 
         port = free_port()
         self.extender_url = f"http://127.0.0.1:{port}"
-        self.extender_log = open(self.root / "extender.log", "ab")  # noqa: SIM115 - closed on exit
-        self._stack.callback(self.extender_log.close)
-        self.extender = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "extender",
-            f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
-            f"--kubeconfig={self.kubeconfig}", "--log-format=text",
-            stdout=self.extender_log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        self.extender = LoggedProcess(
+            [
+                sys.executable, "-m", "extender",
+                f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
+                f"--kubeconfig={self.kubeconfig}", "--log-format=text",
+            ],
+            self.root / "extender.log",
         )  # fmt: skip
-        self._stack.push_async_callback(self._stop_extender)
+        await self.extender.start()
+        self._stack.push_async_callback(self.extender.stop)
         self.session = aiohttp.ClientSession()
         self._stack.push_async_callback(self.session.close)
         await self._wait_ready()
@@ -209,27 +209,17 @@ class Sandbox:
             self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
         )
 
-    async def _stop_extender(self) -> None:
-        proc = self.extender
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if self.extender is not None and self.extender.returncode is not None:
+            if self.extender is not None and self.extender.exited:
                 break
             with contextlib.suppress(aiohttp.ClientError):
                 async with self.session.get(f"{self.extender_url}/readyz") as resp:
                     if resp.status == 200:
                         return
             await asyncio.sleep(0.1)
-        tail = (self.root / "extender.log").read_text(errors="replace")[-2000:]
+        tail = self.extender.log_tail() if self.extender is not None else ""
         raise DemoError(f"extender at {self.extender_url} did not become ready:\n{tail}")
 
     async def _wait_states_cached(self) -> None:

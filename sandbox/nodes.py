@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ import kubernetes
 
 from common import podrequests
 from sandbox.kubelet import FakeKubelet
+from sandbox.processes import LoggedProcess
 from sandbox.kubelet_pods import AdmissionError, ContainerSpec, PodSpec
 
 log = logging.getLogger(__name__)
@@ -80,8 +79,7 @@ class SimulatedNode:
         self._core: Any = kubernetes.client.CoreV1Api(api)
         self._kubeconfig = kubeconfig
         self._log_path = (log_dir or root) / f"agent-{spec.name}.log"
-        self._agent: asyncio.subprocess.Process | None = None
-        self._log_file: Any = None
+        self._agent: LoggedProcess | None = None
         self._admitted: set[str] = set()
 
     @property
@@ -110,34 +108,20 @@ class SimulatedNode:
         """Register the Node, start the kubelet and the agent; return once `resources` are served."""
         await self._ensure_node()
         await self.kubelet.start()
-        self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._agent = await asyncio.create_subprocess_exec(
-            *self.agent_args(),
-            stdout=self._log_file,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        self._agent = LoggedProcess(self.agent_args(), self._log_path)
+        await self._agent.start()
         try:
             for resource in resources:
                 await self.kubelet.wait_for_resource(resource, timeout=AGENT_START_TIMEOUT_S)
         except Exception as e:
-            tail = self._log_path.read_text(errors="replace")[-2000:]
+            tail = self._agent.log_tail()
             raise RuntimeError(f"node {self.name}: agent did not serve {list(resources)}: {e}\n{tail}") from e
         await self.sync_status()
 
     async def stop(self) -> None:
         agent, self._agent = self._agent, None
-        if agent is not None and agent.returncode is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(agent.wait(), 10)
-            except TimeoutError:
-                agent.kill()
-                await agent.wait()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        if agent is not None:
+            await agent.stop()
         await self.kubelet.stop()
 
     async def _ensure_node(self) -> None:

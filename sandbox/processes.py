@@ -1,0 +1,55 @@
+"""Child processes of the sandbox (agents, the extender): started with their output in a log
+file, stopped as a kubelet or a Deployment would stop them (SIGTERM, then SIGKILL after a grace
+period), so a demo or a test never leaves one behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+GRACE_S = 10.0
+
+
+class LoggedProcess:
+    def __init__(self, args: Sequence[str], log_path: Path) -> None:
+        self.args = list(args)
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self._log: IO[bytes] | None = None
+
+    async def start(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.args,
+            stdout=self._log,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    @property
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.returncode is not None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    async def stop(self, grace: float = GRACE_S) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), grace)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
