@@ -6,10 +6,8 @@
     ├── ConfigError / ResourceError   bad config, unbuildable resources     (startup / SIGHUP only)
     └── AgentError
         ├── OptionsError              bad command line or environment
-        ├── StartupError              NVML, inventory or resources unusable at start
         ├── ServingError              a plugin socket could not be served or dialled
         ├── RegistrationError         the kubelet could not be reached or refused us
-        ├── NotServingError           a call arrived while the resource is draining -> UNAVAILABLE
         └── TaskExited                a long-lived task returned although it should not
 
 Messages are lowercase "what: why" and name the bad value and where it came from.
@@ -30,19 +28,11 @@ class OptionsError(AgentError):
     pass
 
 
-class StartupError(AgentError):
-    pass
-
-
 class ServingError(AgentError):
     pass
 
 
 class RegistrationError(AgentError):
-    pass
-
-
-class NotServingError(AgentError):
     pass
 
 
@@ -60,6 +50,4 @@ def grpc_status(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, AllocationError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, NotServingError):
-        return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INTERNAL

@@ -2,11 +2,12 @@
 
 Policy (upstream NVIDIA device plugin semantics, kept on purpose):
 * XIDs 13, 31, 43, 45, 68, 109 are application errors and never make a device unhealthy.
-* `DP_DISABLE_HEALTHCHECKS`: `all` (or anything containing `xids`) switches XID checks off;
-  otherwise a comma-separated list of extra XIDs to ignore. Entries that are not non-negative
-  integers are skipped, as upstream does.
-* `DP_ENABLE_HEALTHCHECKS`: XIDs to count even if ignored above; `all` counts every XID. This
-  also re-enables single XIDs when `DP_DISABLE_HEALTHCHECKS=all`.
+* `DP_DISABLE_HEALTHCHECKS`: a comma-separated list of extra XIDs to ignore; an entry `all` or
+  `xids` anywhere in it switches XID checks off. Entries that are not non-negative integers are
+  skipped, as upstream does.
+* `DP_ENABLE_HEALTHCHECKS`: XIDs to count even if ignored above; an entry `all` or `xids` counts
+  every XID. This also re-enables single XIDs when `DP_DISABLE_HEALTHCHECKS=all` (upstream's
+  documented intent; its `IsAllDisabled` still switches checks off then, a bug we do not copy).
 
 An XID hits every device of the physical GPU it names (all replicas of it); for MIG, only the
 instance it names, or all instances of the GPU for a whole-device event (no GI/CI). An event
@@ -36,13 +37,21 @@ ENV_ENABLE = "DP_ENABLE_HEALTHCHECKS"
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
+_ALL_XIDS = frozenset({"all", "xids"})  # entries upstream reads as "every XID"
+
+
 def parse_xids(text: str) -> frozenset[int]:
     xids = set()
     for part in text.split(","):
         part = part.strip()
-        if part.isdigit():  # rejects "", "-68", "not-an-int" like upstream
+        # isascii: ParseUint takes only ASCII digits; isdigit alone lets "٣" through.
+        if part.isascii() and part.isdigit():  # rejects "", "-68", "not-an-int" like upstream
             xids.add(int(part))
     return frozenset(xids)
+
+
+def _names_all(text: str) -> bool:
+    return any(part.strip() in _ALL_XIDS for part in text.split(","))
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +65,8 @@ class XidPolicy:
     def from_env(cls, env: Mapping[str, str]) -> XidPolicy:
         disable = env.get(ENV_DISABLE, "").strip().lower()
         enable = env.get(ENV_ENABLE, "").strip().lower()
-        ignore_all = disable == "all" or "xids" in disable
-        force_all = enable == "all"
+        ignore_all = _names_all(disable)
+        force_all = _names_all(enable)
         return cls(
             ignored=APPLICATION_XIDS | (frozenset() if ignore_all else parse_xids(disable)),
             forced=frozenset() if force_all else parse_xids(enable),

@@ -32,7 +32,12 @@ VENDOR_DOMAIN = "nvidia.com/"
 
 
 def socket_name(resource_name: str) -> str:
-    """`nvidia.com/gpu.shared` -> `nvidia-gpu-shared.sock` (one socket per resource)."""
+    """`nvidia.com/gpu.shared` -> `nvidia-gpu-shared.sock` (one socket per resource).
+
+    Differs from upstream, which keeps the dots (`nvidia-gpu.shared.sock`,
+    `nvidia-mig-1g.5gb.sock`): any bare file name works, since the kubelet only joins the
+    endpoint to its own directory, but tools that look for upstream's socket names will not
+    find ours."""
     short = resource_name.removeprefix(VENDOR_DOMAIN)
     return "nvidia-" + short.replace("/", "-").replace(".", "-") + ".sock"
 

@@ -169,6 +169,11 @@ def preferred_allocation(
     Full, unreplicated GPUs take the topology-aware path (best NVLink/PCIe score) and ignore the
     shared policy; every other resource (replicas, MIG instances grouped by parent GPU) uses the
     node's shared allocation policy.
+
+    Differs from upstream: when the topology-aware path finds no set (fewer available GPUs than
+    `size`, or a must-include GPU that is not available), upstream answers an empty list and the
+    kubelet picks devices itself; we raise `AllocationError` (RESOURCE_EXHAUSTED), as the shared
+    path does. The kubelet never sends such a request, so only broken callers see the difference.
     """
     if resource.full_gpu:
         chosen = allocation.aligned_allocation(pair_scores, available, must_include, size)

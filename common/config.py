@@ -469,7 +469,7 @@ def _replica_count(value: object, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise _Bad(f"replicas must be an integer, got {_type_name(value)} {value!r}")
     if value < minimum:
-        raise _Bad(f"number of replicas must be >= {minimum}")
+        raise _Bad(f"number of replicas must be >= {minimum}, got {value}")
     return value
 
 

@@ -16,6 +16,19 @@ class Policy(StrEnum):
     SPREAD = "spread"  # most distinct GPUs per request
 
 
+class NodePolicy(StrEnum):
+    """How the extender ranks nodes (`--node-policy`): the allocation policies' names, which
+    rank as `common.scoring` documents, plus `fragaware`, which ranks by the FGD study's
+    fragmentation gradient (`common.fragmentation`). Not an allocation policy: the agent's
+    `Policy` stays as is, and a NodePolicy equals the Policy of the same name.
+    """
+
+    DISTRIBUTED = "distributed"
+    PACKED = "packed"
+    SPREAD = "spread"
+    FRAGAWARE = "fragaware"
+
+
 class MigStrategy(StrEnum):
     NONE = "none"
     SINGLE = "single"

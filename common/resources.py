@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from common import allocation
 from common import devices as device_ids
 from common.config import (
     ALL,
@@ -87,8 +88,16 @@ class Resource:
 
     @property
     def full_gpu(self) -> bool:
-        """Unreplicated, non-MIG: the topology-aware allocation path applies."""
-        return not self.replicated and not any(d.is_mig for d in self.devices)
+        """Unreplicated, non-MIG (and not WSL): the topology-aware allocation path applies.
+
+        Decided by `allocation.takes_aligned_path`, upstream's rule, which the shared vectors pin.
+        """
+        # Replicas never take it (their IDs carry "::"): answer those without a pass over them.
+        return not self.replicated and allocation.takes_aligned_path(
+            (d.index for d in self.devices),
+            (p for d in self.devices for p in d.paths),
+            (d.id for d in self.devices),
+        )
 
     def group_of(self) -> Mapping[str, str]:
         """Device id -> physical key, for `allocation.shared_allocation(group_of=...)`."""

@@ -38,6 +38,12 @@ With `landed` the devices the pod would take, three terms in 0..1:
 `distributed` (and `spread`, which has no different cluster-level meaning) score
 `10 - packed`: the exact reverse, preferring empty GPUs and emptier nodes.
 
+`fragaware` (`NodePolicy.FRAGAWARE`) scores the same predicted placement by the FGD study's
+fragmentation gradient instead: the node's fragmentation (`common.fragmentation`, over a typical
+workload, per-GPU free share = free / total) before minus after, as
+`round_half_up(10 x sigmoid(gradient / 100))`, so 5 is "no change" and nodes where the pod
+closes a fragment rank above nodes where it opens one (`score_node_fragaware`).
+
 The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
 filling nodes over opening new ones, then tight fit. Nodes without a published state are
 unknown: they pass the filter and score 0 (the lowest), so they are chosen only when nothing
@@ -58,9 +64,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from common import allocation
+from common import allocation, fragmentation
 from common.podrequests import ContainerKind, PodRequest
-from common.policies import Policy, Sharing
+from common.policies import NodePolicy, Policy, Sharing
 from common.state import GpuState, NodeState, ResourceState
 
 MAX_EXTENDER_PRIORITY = 10
@@ -71,6 +77,7 @@ W_GPU_USE = 0.3
 W_FIT = 0.1
 
 Placement = Mapping[str, tuple[str, ...]]  # resource -> physical GPU keys, one per device
+AnyNodePolicy = Policy | NodePolicy  # a Policy ranks as the NodePolicy of the same name
 _EMPTY: Placement = MappingProxyType({})
 
 
@@ -162,8 +169,15 @@ def _round_half_up(x: float) -> int:
     return int(x * MAX_EXTENDER_PRIORITY + 0.5)
 
 
-def score_node(state: NodeState, request: PodRequest, node_policy: Policy) -> NodeScore:
-    """Predict the pod's placement on this node and score the node under `node_policy`."""
+def score_node(
+    state: NodeState,
+    request: PodRequest,
+    node_policy: AnyNodePolicy,
+    *,
+    workload: fragmentation.TypicalWorkload | None = None,
+) -> NodeScore:
+    """Predict the pod's placement on this node and score the node under `node_policy`
+    (`workload`: the typical workload of `fragaware`; default: the built-in one)."""
     if request.empty:
         return NO_REQUEST
     for name, total in request.totals:
@@ -186,6 +200,8 @@ def score_node(state: NodeState, request: PodRequest, node_policy: Policy) -> No
         by_key = {g.key: g for g in res.gpus}
         landed.extend((by_key[k], cnt) for k, cnt in held.items() if cnt)
 
+    if node_policy == NodePolicy.FRAGAWARE:
+        return _fragaware(state, placement, workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
     used_before = {g.key for r in state.resources for g in r.gpus if g.allocated > 0}
     all_gpus = {g.key for r in state.resources for g in r.gpus}
     devices = 0
@@ -202,10 +218,52 @@ def score_node(state: NodeState, request: PodRequest, node_policy: Policy) -> No
     used_after = used_before | {g.key for g, _ in landed}
     gpu_use = len(used_after) / len(all_gpus) if all_gpus else 0.0
     packed = W_REUSE * reuse + W_GPU_USE * gpu_use + W_FIT * fit
-    score = _round_half_up(packed if node_policy is Policy.PACKED else 1.0 - packed)
+    score = _round_half_up(packed if node_policy == Policy.PACKED else 1.0 - packed)
     score = min(max(score, MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
     reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
     return NodeScore(True, score, reason, MappingProxyType(placement))
+
+
+def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
+    """Per physical GPU, its free share in milli-GPU (floored), after the pod takes `taken`.
+
+    A GPU listed by several resources (MIG profiles, a full and a shared resource) is as free
+    as the least free of them; unhealthy devices count as taken.
+    """
+    out: dict[str, int] = {}
+    for res in state.resources:
+        keys = taken.get(res.name, ())
+        for g in res.gpus:
+            if g.total <= 0:
+                continue
+            free = max(_free(g) - keys.count(g.key), 0) if keys else max(_free(g), 0)
+            share = free * fragmentation.MILLI // g.total
+            prev = out.get(g.key)
+            out[g.key] = share if prev is None else min(prev, share)
+    return out
+
+
+def _fragaware(state: NodeState, placement: Placement, workload: fragmentation.TypicalWorkload) -> NodeScore:
+    """`fragaware`: the node's fragmentation (FGD's measure over `workload`) before minus after
+    the predicted placement, on the 0..10 scale (`fragmentation.extender_score`)."""
+    measure = fragmentation.measure_for(workload)
+    before = free_shares(state)
+    after = free_shares(state, placement)
+    grad = measure.gradient(tuple(before.values()), tuple(after.values()))
+    score = fragmentation.extender_score(grad)
+    total = measure.total_weight
+    reason = (
+        f"frag {measure.weighted(tuple(before.values())) / total:.0f}"
+        f"->{measure.weighted(tuple(after.values())) / total:.0f} milli-GPU"
+    )
+    return NodeScore(True, score, reason, MappingProxyType(dict(placement)))
+
+
+def score_node_fragaware(
+    state: NodeState, request: PodRequest, workload: fragmentation.TypicalWorkload | None = None
+) -> NodeScore:
+    """`score_node` under `NodePolicy.FRAGAWARE`: the extender's entry for the frag-aware policy."""
+    return score_node(state, request, NodePolicy.FRAGAWARE, workload=workload)
 
 
 def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
@@ -295,10 +353,17 @@ class ScoreTemplates:
     ints when a scorer is built (on the watch path), so a lookup hashes an int and a string.
     """
 
-    __slots__ = ("node_policy", "_ids", "_memo", "_next", "max_entries")
+    __slots__ = ("node_policy", "workload", "_ids", "_memo", "_next", "max_entries")
 
-    def __init__(self, node_policy: Policy, *, max_entries: int = 1 << 16) -> None:
+    def __init__(
+        self,
+        node_policy: AnyNodePolicy,
+        *,
+        max_entries: int = 1 << 16,
+        workload: fragmentation.TypicalWorkload | None = None,
+    ) -> None:
         self.node_policy = node_policy
+        self.workload = workload
         self._ids: dict[tuple[object, ...], int] = {}
         self._memo: dict[tuple[int, str], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]] = {}
         self._next = 0
@@ -319,7 +384,7 @@ class ScoreTemplates:
         memo_key = (sid, request.shape)
         hit = self._memo.get(memo_key)
         if hit is None:
-            s = score_node(state, request, self.node_policy)
+            s = score_node(state, request, self.node_policy, workload=self.workload)
             pos = {k: i for i, k in enumerate(keys)}
             where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
             if len(self._memo) >= self.max_entries:
@@ -349,19 +414,22 @@ class NodeScorer:
     Build a new one whenever the node's effective state changes; the old memo goes with it.
     """
 
-    __slots__ = ("state", "version", "node_policy", "_memo", "_templates", "_sid", "_keys")
+    __slots__ = ("state", "version", "node_policy", "workload", "_memo", "_templates", "_sid", "_keys")
 
     def __init__(
         self,
         state: NodeState,
-        node_policy: Policy,
+        node_policy: AnyNodePolicy,
         version: object = None,
         *,
         templates: ScoreTemplates | None = None,
+        workload: fragmentation.TypicalWorkload | None = None,
     ) -> None:
         self.state = state
         self.version = version
         self.node_policy = node_policy
+        # `fragaware`'s workload: given, else the templates' (so a cache passes it once).
+        self.workload = workload if workload is not None or templates is None else templates.workload
         self._memo: dict[str, NodeScore] = {}
         self._templates: ScoreTemplates | None = None
         self._sid = 0
@@ -378,7 +446,7 @@ class NodeScorer:
         if hit is None:
             t = self._templates
             if t is None:
-                hit = score_node(self.state, request, self.node_policy)
+                hit = score_node(self.state, request, self.node_policy, workload=self.workload)
             else:
                 hit = t.score(self._sid, self._keys, self.state, request)
             self._memo[request.shape] = hit

@@ -2,6 +2,7 @@
 
     sharepack-extender --listen 0.0.0.0:8888 --node-policy packed [--kubeconfig FILE]
                        [--tls-cert-file F --tls-private-key-file K] [--url-prefix /sharepack]
+    sharepack-extender --node-policy fragaware [--typical-workload FILE]
 
 Without `--kubeconfig` the in-cluster config is used; with neither, the extender still serves
 (every node unknown: pass-through, lowest score) and /bind answers with an error.
@@ -25,8 +26,10 @@ from typing import Any
 
 from aiohttp import web
 
+from common import fragmentation
 from common import state as published
-from common.policies import Policy
+from common.errors import ConfigError
+from common.policies import NodePolicy
 from extender.binding import ApiBinder, Binder
 from extender.caches import ClusterView, Informer, pod_handler, state_handler
 from extender.metrics import Metrics
@@ -45,7 +48,8 @@ DEFAULT_STATE_MAX_AGE_S = 180.0
 @dataclass(frozen=True, slots=True)
 class Options:
     listen: str = DEFAULT_LISTEN
-    node_policy: Policy = Policy.PACKED
+    node_policy: NodePolicy = NodePolicy.PACKED
+    typical_workload: fragmentation.TypicalWorkload | None = None  # fragaware; None: built in
     kubeconfig: str | None = None
     in_cluster: bool = True  # try the in-cluster config when no kubeconfig is given
     tls_cert_file: str | None = None
@@ -71,10 +75,14 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to serve on")
     p.add_argument(
         "--node-policy",
-        default=str(Policy.PACKED),
-        choices=[x.value for x in Policy],
-        help="how to rank nodes: packed keeps whole GPUs and nodes free, distributed spreads",
+        default=str(NodePolicy.PACKED),
+        choices=[x.value for x in NodePolicy],
+        help="how to rank nodes: packed keeps whole GPUs and nodes free, distributed spreads, "
+        "fragaware grows the FGD study's GPU fragmentation least",
     )
+    p.add_argument("--typical-workload", default=None, metavar="FILE",
+                   help="YAML pod shapes {gpus, share, weight} that define fragmentation for "
+                        "fragaware (default: built in, from the FGD study's default trace)")  # fmt: skip
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
     p.add_argument("--tls-cert-file", default=None)
     p.add_argument("--tls-private-key-file", default=None)
@@ -94,9 +102,19 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error("--tls-cert-file and --tls-private-key-file go together")
     if not a.state_max_age_seconds >= 0:  # also rejects nan
         p.error(f"invalid --state-max-age-seconds option: {a.state_max_age_seconds} (want seconds >= 0)")
+    workload = None
+    if a.typical_workload is not None:
+        try:
+            with open(a.typical_workload, encoding="utf-8") as f:
+                workload = fragmentation.load_typical_workload(f.read(), a.typical_workload)
+        except OSError as e:
+            p.error(f"invalid --typical-workload option: {a.typical_workload}: {e.strerror}")
+        except ConfigError as e:
+            p.error(f"invalid --typical-workload option: {e}")
     opts = Options(
         listen=a.listen,
-        node_policy=Policy(a.node_policy),
+        node_policy=NodePolicy(a.node_policy),
+        typical_workload=workload,
         kubeconfig=a.kubeconfig,
         tls_cert_file=a.tls_cert_file,
         tls_private_key_file=a.tls_private_key_file,
@@ -167,7 +185,7 @@ class Service:
         self.metrics = Metrics()
         self.view = ClusterView(
             opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s,
-            max_age_s=opts.state_max_age_s,
+            max_age_s=opts.state_max_age_s, workload=opts.typical_workload,
         )  # fmt: skip
         self.informers: list[Informer] = []
         binder: Binder | None = None

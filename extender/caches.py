@@ -35,10 +35,10 @@ from typing import Any
 
 import orjson
 
-from common import podrequests, scoring, statebuilding
+from common import fragmentation, podrequests, scoring, statebuilding
 from common.errors import RequestError, StateSchemaError
 from common.podrequests import PodRequest
-from common.policies import Policy
+from common.policies import NodePolicy, Policy
 from common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
 from common.state import NodeState, from_status
 from extender import protocol
@@ -81,7 +81,7 @@ class WireScorer(NodeScorer):
         self,
         name: str,
         state: NodeState,
-        node_policy: Policy,
+        node_policy: Policy | NodePolicy,
         version: object,
         templates: ScoreTemplates | None = None,
     ) -> None:
@@ -114,7 +114,7 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 class ClusterView:
     def __init__(
         self,
-        node_policy: Policy,
+        node_policy: Policy | NodePolicy,
         *,
         metrics: Metrics | None = None,
         assume_ttl: float = 120.0,
@@ -122,6 +122,7 @@ class ClusterView:
         managed: podrequests.Managed | None = None,
         max_age_s: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
+        workload: fragmentation.TypicalWorkload | None = None,  # `fragaware` only; default built in
     ) -> None:
         self.node_policy = node_policy
         self.metrics = metrics or Metrics()
@@ -146,7 +147,7 @@ class ClusterView:
         self.on_change: Callable[[], None] | None = None  # called after every cache change
         self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
         self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
-        self.templates = ScoreTemplates(node_policy)
+        self.templates = ScoreTemplates(node_policy, workload=workload)
 
     # -- NodeGpuState events ---------------------------------------------------------------
 

@@ -24,6 +24,9 @@ ConfigMap values and pod spec immutability; no authentication (any token is acce
 Test conveniences: `pause("unavailable")` answers 503, `pause("refuse")` stops listening and drops
 every connection (the port is reused on `resume()`), `fail_next(...)` injects errors,
 `requests` records every call.
+
+`kubectl get` works against it: discovery, and the `meta.k8s.io/v1` Table it asks for, with the
+CRD's printer columns (`apiserver_tables`). A watch always streams plain objects.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import yaml
 from aiohttp import web
 
 from sandbox import apiserver_resources as resources
+from sandbox import apiserver_tables as tables
 from sandbox.apiserver_resources import ResourceType
 from sandbox.apiserver_store import ApiError, Obj, Store, Watcher, bad_request
 
@@ -288,7 +292,10 @@ class FakeApiServer:
                 if _flag(q, "watch"):
                     return await self._watch(request, t, matches)
                 limit = int(q.get("limit", "0") or 0)
-                return _json_response(store.list(t.rt, t.namespace, matches, limit=limit, cont=q.get("continue", "")))
+                listed = store.list(t.rt, t.namespace, matches, limit=limit, cont=q.get("continue", ""))
+                if tables.wants_table(request.headers.get("Accept", "")):
+                    listed = tables.table(t.rt, listed["items"], listed["metadata"], q.get("includeObject", ""))
+                return _json_response(listed)
             if method == "POST":
                 if t.namespace is None:
                     raise ApiError(405, "MethodNotAllowed", "create requires a namespace")
@@ -308,7 +315,11 @@ class FakeApiServer:
             store.bind(ns, t.name, await self._body(request))
             return _json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
         if method == "GET":
-            return _json_response(store.get(t.rt, ns, t.name))
+            obj = store.get(t.rt, ns, t.name)
+            if tables.wants_table(request.headers.get("Accept", "")) and not t.subresource:
+                meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+                obj = tables.table(t.rt, [obj], meta, q.get("includeObject", ""))
+            return _json_response(obj)
         if method == "PUT":
             return _json_response(store.update(t.rt, ns, t.name, await self._body(request), t.subresource))
         if method == "PATCH":

@@ -293,8 +293,15 @@ class Sandbox:
         return decision, gpus
 
 
+def print_results(results: Mapping[Policy, tuple[int, int]], out: TextIO) -> None:
+    print("", file=out)
+    for policy, (placed, total) in results.items():
+        print(f"{policy}: full-GPU pods placed {placed}/{total}", file=out)
+
+
 async def run_policy(
-    policy: Policy, nodes: int, machine: str, workload: Workload | None, out: TextIO, *, keep_running: bool
+    policy: Policy, nodes: int, machine: str, workload: Workload | None, out: TextIO, *,
+    keep_running: bool, earlier: Mapping[Policy, tuple[int, int]] | None = None,
 ) -> tuple[int, int]:
     root = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
     started = time.monotonic()
@@ -336,6 +343,8 @@ async def run_policy(
             total_whole = sum(w.count for w in wl.waves if w.whole_gpu)
             print(f"   done in {time.monotonic() - started:.1f} s", file=out)
             if keep_running:
+                # The results first: the run never returns to print them once the stack stays up.
+                print_results({**(earlier or {}), policy: (placed, total_whole)}, out)
                 print(f"\n   stack left running. kubeconfig: {box.kubeconfig}", file=out)
                 print(f"   try: kubectl --kubeconfig {box.kubeconfig} get nodegpustates,pods", file=out)
                 print("   Ctrl-C to stop.", file=out)
@@ -395,10 +404,10 @@ async def _amain(opts: argparse.Namespace, out: TextIO) -> int:
     results: dict[Policy, tuple[int, int]] = {}
     for i, policy in enumerate(opts.policies):
         keep = opts.keep_running and i == len(opts.policies) - 1
-        results[policy] = await run_policy(policy, opts.nodes, opts.machine, workload, out, keep_running=keep)
-    print("", file=out)
-    for policy, (placed, total) in results.items():
-        print(f"{policy}: full-GPU pods placed {placed}/{total}", file=out)
+        results[policy] = await run_policy(
+            policy, opts.nodes, opts.machine, workload, out, keep_running=keep, earlier=results
+        )
+    print_results(results, out)
     return 0
 
 

@@ -23,13 +23,19 @@ class LoggedProcess:
 
     async def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.args,
-            stdout=self._log,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.args,
+                stdout=self._log,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        except BaseException:
+            # Callers register stop() only once start() returned: nothing else would close it.
+            self._log.close()
+            self._log = None
+            raise
 
     @property
     def exited(self) -> bool:

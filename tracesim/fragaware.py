@@ -1,40 +1,126 @@
-"""`ours`: a fragmentation-aware node policy (pure scoring; the simulator supplies the deltas).
+"""`ours`: the fragmentation-aware node policy of `common.fragmentation`, in the simulator.
 
-It keeps what makes FGD work and adds one tie-breaker:
+The policy itself (the measure, the gradient, FGD's truncated score, then the GPU left with the
+least spare share) lives in `common.fragmentation`, pure Python, and is what the extender runs
+as `--node-policy fragaware`; this module only feeds it the simulated cluster:
 
-1. Primary: FGD's score, 100 x sigmoid(delta / 1000) truncated to an integer, where delta is the
-   drop in the node's fragmentation (typical-workload definition) if the pod lands there. The
-   truncation is deliberate: it groups placements whose fragmentation effect is about equal, and
-   within a group the scheduler's fixed node order then fills nodes one after another, which is
-   what leaves whole nodes free for multi-GPU pods. (Scoring the exact delta instead spreads
-   pods and loses about one point of allocation on the default trace.)
-2. Within a group: the GPU left with the least spare share after the pod lands (best fit at GPU
-   level), so that a share goes where it closes a GPU rather than where it merely does not hurt.
-3. Then node order, as every policy here.
+* the typical workload is the study's (shapes with CPU and GPU model), so a node's `admitted`
+  mask carries what the common measure cannot see: the node's GPU model admits the shape, and
+  its CPU left covers the shape's CPU (before the pod lands, and after it, as FGD counts it);
+* ties go to the scheduler's node order, as for every policy here.
 
-The function is pure (arrays in, scores out) so the extender can adopt it once it publishes the
-counts it needs; it lives in tracesim/ until then.
+Speed: a node's rank for a request depends only on that node's state, and a pod changes one
+node. Ranks are kept per request kind (CPU, share, GPU count) in arrays and recomputed only for
+nodes that changed since the kind was last ranked; `common.fragmentation` memoises per free-share
+vector underneath.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-import numpy.typing as npt
+
+from common import fragmentation
+from tracesim.baselines import Choice, pick_top
+from tracesim.clusters import Cluster, Request
+from tracesim.fragmentation import FloatArray, FragModel, IntArray
+from tracesim.traces import MILLI
 
 NAME = "ours"
-LEFTOVER_WEIGHT = 0.5  # < 1: only ever breaks ties between equal FGD scores
 
 
-def fragment_gradient_scores(
-    frag_delta: npt.NDArray[np.float64], leftover_milli: npt.NDArray[np.int64]
-) -> npt.NDArray[np.float64]:
-    """Score per candidate placement (higher wins).
+def common_workload(model: FragModel) -> fragmentation.TypicalWorkload:
+    """The study's typical workload as `common.fragmentation` shapes (same order and weights)."""
+    shapes = tuple(
+        fragmentation.Shape(int(n), int(m), float(f))
+        for n, m, f in zip(model.num_gpu, model.milli, model.freq, strict=True)
+    )
+    return fragmentation.TypicalWorkload(shapes, source="trace typical workload")
 
-    `frag_delta`: node fragmentation before minus after the placement (milli-GPU);
-    `leftover_milli`: share left on the chosen GPU after the placement (0 for whole-GPU pods).
-    """
-    delta = np.where(np.abs(frag_delta) < 1e-6, 0.0, frag_delta)
-    # Clipped: beyond |50| the truncated score is 0 or 100 anyway, and exp() would overflow.
-    primary = np.trunc(100.0 / (1.0 + np.exp(np.clip(-delta / 1000.0, -50.0, 50.0))))
-    out: npt.NDArray[np.float64] = primary - LEFTOVER_WEIGHT * leftover_milli / 1000.0
-    return out
+
+@dataclass(slots=True)
+class _Ranks:
+    rank: FloatArray  # [N] the node's best placement_rank for this request kind
+    gpu: IntArray  # [N] the GPU of that placement (-1: whole GPUs / none)
+    seen: IntArray  # [N] node version the entry was computed at
+
+
+class _Run:
+    """Per-run state: node versions, per-kind ranks, admitted masks."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        m = cluster.model
+        self.measure = fragmentation.Fragmentation(common_workload(m))
+        self.shape_cpu = [int(c) for c in m.cpu]
+        self.access = [sum(1 << s for s, ok in enumerate(row) if ok) for row in m.access.tolist()]
+        self.version = np.zeros(cluster.size, dtype=np.int64)
+        self.gpu_seen = cluster.gpu_left.copy()
+        self.cpu_seen = cluster.cpu_left.copy()
+        self.kinds: dict[tuple[int, int, int], _Ranks] = {}
+        self._cpu_masks: dict[int, int] = {}
+
+    def cpu_mask(self, cpu_left: int) -> int:
+        mask = self._cpu_masks.get(cpu_left)
+        if mask is None:
+            mask = sum(1 << s for s, need in enumerate(self.shape_cpu) if cpu_left >= need)
+            self._cpu_masks[cpu_left] = mask
+        return mask
+
+    def _sync(self) -> None:
+        c = self.cluster
+        changed = np.flatnonzero((c.gpu_left != self.gpu_seen).any(axis=1) | (c.cpu_left != self.cpu_seen))
+        if len(changed):
+            self.version[changed] += 1
+            self.gpu_seen[changed] = c.gpu_left[changed]
+            self.cpu_seen[changed] = c.cpu_left[changed]
+
+    def _rank(self, node: int, req: Request) -> tuple[float, int]:
+        c = self.cluster
+        free = c.gpu_left[node, : c.num_gpu[node]].tolist()
+        cpu = int(c.cpu_left[node])
+        before = self.access[node] & self.cpu_mask(cpu)
+        after = self.access[node] & self.cpu_mask(cpu - req.cpu_score)
+        if req.shared:
+            best = self.measure.best_share_gpu(free, req.milli, before, after)
+            assert best is not None, "feasible node without room for the share"
+            return best
+        taken = list(free)
+        need = req.num_gpu
+        for g, left in enumerate(taken):
+            if need and left == MILLI:
+                taken[g] = 0
+                need -= 1
+        grad = self.measure.gradient(free, taken, before, after)
+        return fragmentation.placement_rank(grad, 0), -1
+
+    def choose(self, req: Request, idx: IntArray) -> Choice:
+        self._sync()
+        kind = (req.cpu_score, req.milli, req.num_gpu)
+        ranks = self.kinds.get(kind)
+        if ranks is None:
+            n = self.cluster.size
+            ranks = self.kinds[kind] = _Ranks(
+                np.zeros(n, dtype=np.float64), np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+            )
+        for node in idx[ranks.seen[idx] != self.version[idx]].tolist():
+            ranks.rank[node], ranks.gpu[node] = self._rank(node, req)
+            ranks.seen[node] = self.version[node]
+        node = pick_top(self.cluster, idx, ranks.rank[idx])
+        if req.shared:
+            return Choice(node, [int(ranks.gpu[node])])
+        return Choice(node, self.cluster.first_free(node, req.num_gpu))
+
+
+class FragAwareScorer:
+    """The `ours` scorer; keeps its incremental state for the cluster of the current run."""
+
+    def __init__(self) -> None:
+        self._run: _Run | None = None
+
+    def __call__(self, cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
+        run = self._run
+        if run is None or run.cluster is not cluster:
+            run = self._run = _Run(cluster)
+        return run.choose(req, idx)

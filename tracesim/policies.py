@@ -30,7 +30,7 @@ def resolve(name: str, *, model: ShareModel = ShareModel.MILLI, replicas: int = 
     if name in baselines.BASELINES:
         return PolicySpec(name, baselines.BASELINES[name])
     if name == fragaware.NAME:
-        return PolicySpec(name, sharing.score_ours)
+        return PolicySpec(name, fragaware.FragAwareScorer())
     if name in ("packed", "distributed"):
         scorer = sharing.shared_scorer(name, model, replicas)
         return PolicySpec(name, scorer, replicas if model is ShareModel.REPLICAS else None)

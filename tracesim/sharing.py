@@ -1,4 +1,4 @@
-"""Our policies (`packed`, `distributed`, `ours`) in the simulator, through the shared code.
+"""Our policies `packed` and `distributed` in the simulator, through the shared code (`ours`: fragaware.py).
 
 `packed` and `distributed` rank nodes with `common.scoring.score_node`, unchanged, over a view of
 each simulated node as the agent would publish it (`common.state.NodeState`) and each pod as the
@@ -32,8 +32,7 @@ from common import scoring
 from common.podrequests import ContainerKind, ContainerRequest, PodRequest
 from common.policies import MigStrategy, Policy, Sharing
 from common.state import GpuState, NodeState, ResourceState
-from tracesim import fragaware
-from tracesim.baselines import Choice, Scorer, best_fit_gpu, choose_placement, frag_deltas, pick_top
+from tracesim.baselines import Choice, Scorer, best_fit_gpu, pick_top
 from tracesim.clusters import MAX_GPUS, Cluster, Request
 from tracesim.errors import PolicyError
 from tracesim.fragmentation import IntArray
@@ -183,15 +182,6 @@ def replica_feasible(cluster: Cluster, req: Request, idx: IntArray, replicas: in
     free = (cluster.gpu_left[idx] * replicas) // MILLI
     out: IntArray = idx[free.sum(axis=1) >= need]
     return out
-
-
-def score_ours(cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
-    pos, gpu, delta = frag_deltas(cluster, req, idx)
-    if req.shared:
-        leftover = cluster.gpu_left[idx][pos, gpu] - req.milli
-    else:
-        leftover = np.zeros(len(pos), dtype=np.int64)
-    return choose_placement(cluster, req, idx, pos, gpu, fragaware.fragment_gradient_scores(delta, leftover))
 
 
 def shared_scorer(name: str, model: ShareModel, replicas: int) -> Scorer:

@@ -19,6 +19,7 @@ from agent.health import APPLICATION_XIDS, HealthBook, XidPolicy, affected_devic
         pytest.param("68  ", {68}, id="spaces are trimmed"),
         pytest.param(",68", {68}, id="leading comma is fine"),
         pytest.param("68,not-an-int,67", {67, 68}, id="bad entries do not spoil good ones"),
+        pytest.param("\u0663", set(), id="non-ascii digits are skipped"),
     ],
 )
 def test_parse_xids_like_upstream(text: str, expected: set[int]) -> None:
@@ -36,6 +37,11 @@ def test_parse_xids_like_upstream(text: str, expected: set[int]) -> None:
         pytest.param("11", "11", {11, 79}, {13}, False, id="enable overrides disable"),
         pytest.param("all", "79", {79}, {48, 13}, False, id="enable single xids under disable all"),
         pytest.param("", "13", {13, 79}, {31}, False, id="enable an application xid"),
+        pytest.param("48, all", "", set(), {79, 555}, True, id="disable all anywhere in a list switches checks off"),
+        pytest.param("XIDS", "", set(), {79}, True, id="disable tokens are case-insensitive"),
+        pytest.param("noxids", "", {79}, {13}, False, id="a word merely containing xids is not a token"),
+        pytest.param("", "xids", {13, 31, 555}, set(), False, id="enable xids counts every xid"),
+        pytest.param("all", "79,all", {13, 48}, set(), False, id="enable all anywhere in a list counts every xid"),
     ],
 )
 def test_xid_policy_from_env(

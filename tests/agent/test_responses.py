@@ -44,9 +44,11 @@ def test_mig_device_specs_carry_the_caps_nodes() -> None:
     (resource,) = build_resources(mig_gpus(1, (("1g.5gb", 0),)), config(**{"mig-strategy": "mixed"}))
     options = ResponseOptions(pass_device_specs=True, node_exists=lambda p: False)
     response = container_response(resource, [resource.devices[0].id], options, response_id="r")
-    paths = [d.container_path for d in response.devices]
-    assert paths[0] == "/dev/nvidia0" or "/dev/nvidia0" in paths
-    assert any(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths)
+    # The parent GPU's node, then its GPU instance's and compute instance's capability nodes
+    # (gpu0/gi1/access and gpu0/gi1/ci0/access in the driver's numbering).
+    assert [d.container_path for d in response.devices] == [
+        "/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13",
+    ]
 
 
 def test_cdi_annotation_uses_the_configured_prefix_and_response_id() -> None:

@@ -280,7 +280,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "invalid --device-id-strategy option: y (from env DEVICE_ID_STRATEGY)",
         "invalid --shared-devices-allocation-policy option: z "
         "(from --shared-devices-allocation-policy)",
-        "sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 1",
+        "sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 1, got 0",
     )
 
 
@@ -438,10 +438,10 @@ R0 = "sharing.timeSlicing.resources[0]"
         pytest.param("- {name: nvidia.com/gpu}", f"{R0}: no replicas specified",
                      id="a resource without replicas is rejected"),
         pytest.param("- {name: nvidia.com/gpu, replicas: 0}",
-                     f"{R0}.replicas: number of replicas must be >= 1",
+                     f"{R0}.replicas: number of replicas must be >= 1, got 0",
                      id="zero time-slicing replicas are rejected"),
         pytest.param("- {name: nvidia.com/gpu, replicas: -1}",
-                     f"{R0}.replicas: number of replicas must be >= 1",
+                     f"{R0}.replicas: number of replicas must be >= 1, got -1",
                      id="negative replicas are rejected"),
         pytest.param("- {name: nvidia.com/gpu, replicas: two}",
                      f"{R0}.replicas: replicas must be an integer, got string 'two'",
@@ -504,7 +504,7 @@ R0 = "sharing.timeSlicing.resources[0]"
                      f"{R0}.perGpu: device 0 given twice",
                      id="a perGpu device given twice is rejected"),
         pytest.param("- {name: gpu, perGpu: {0: 0}}",
-                     f"{R0}.perGpu[0]: number of replicas must be >= 1",
+                     f"{R0}.perGpu[0]: number of replicas must be >= 1, got 0",
                      id="a perGpu count below the minimum is rejected"),
         pytest.param("- {name: gpu, perGpu: {0: 2}, devices: [0]}",
                      f"{R0}: devices needs replicas (without replicas, perGpu alone selects "
@@ -529,7 +529,7 @@ def test_a_bad_shared_resource_is_rejected(resources: str, want: str) -> None:
                      "sharing.timeSlicing.renameByDefault: expected a boolean, got integer 1",
                      id="a non-boolean renameByDefault is rejected"),
         pytest.param("mps: {resources: [{name: gpu, replicas: 1}]}",
-                     "sharing.mps.resources[0].replicas: number of replicas must be >= 2",
+                     "sharing.mps.resources[0].replicas: number of replicas must be >= 2, got 1",
                      id="one MPS replica is rejected: it shares nothing"),
         pytest.param("mps: {resources: [{name: gpu, replicas: 2}]}\n  timeSlicing: "
                      "{resources: [{name: gpu, replicas: 2}]}",

@@ -3,6 +3,7 @@ flags, ports, paths and objects the code actually uses (one source of truth, no 
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from agent import registering
 from common import config as agent_config
 from common import state
 
@@ -133,6 +135,23 @@ def test_agent_mounts_the_kubelet_socket_directories_it_is_told_to_use() -> None
             assert str(Path(value).parent) in mounts, f"{flag}={value} is not under a mounted host path"
         if flag == "--config-file":
             assert str(Path(value).parent) in mounts
+
+
+def test_agent_probes_look_for_the_sockets_the_agent_serves_and_node_name_comes_from_the_pod() -> None:
+    container = _container("DaemonSet", "sharepack-agent")
+    sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    sockets = [registering.socket_name(r["name"]) for r in sched["extenders"][0]["managedResources"]]
+    kubelet_dir = next(
+        str(Path(a.split("=", 1)[1]).parent) for a in container["args"] if a.startswith("--kubelet-socket=")
+    )
+    for probe in ("livenessProbe", "readinessProbe"):
+        (pattern,) = re.findall(r"\S+\.sock", container[probe]["exec"]["command"][-1])
+        assert str(Path(pattern).parent) == kubelet_dir, f"{probe} looks in {pattern}, not in {kubelet_dir}"
+        unmatched = [s for s in sockets if not fnmatch.fnmatch(s, Path(pattern).name)]
+        assert not unmatched, f"{probe} pattern {pattern} misses the agent's sockets {unmatched}"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "NODE_NAME" in _help("agent")
 
 
 def test_extender_port_probes_service_and_scheduler_config_agree() -> None:

@@ -469,3 +469,12 @@ def test_a_mig_instance_outside_the_drivers_caps_table_is_an_error() -> None:
     assert error(inventory(odd), cfg(MIG_STRATEGY="mixed")) == (
         f"MIG device {mig_uuid(0, 0)}: no nvidia-caps minor for gpu0/gi15/access: GPU instance "
         "IDs run 0..14 and compute instance IDs 0..7")
+
+
+def test_full_gpu_follows_upstreams_aligned_path_rule_for_wsl_devices() -> None:
+    # Upstream sends WSL GPUs (/dev/dxg) through the shared loop, not the topology-aware path;
+    # `full_gpu` must apply the same rule as `allocation.takes_aligned_path` (the dispatch vectors).
+    r = build(FOUR)["nvidia.com/gpu"]
+    wsl = dataclasses.replace(
+        r, devices=tuple(dataclasses.replace(d, paths=("/dev/dxg",)) for d in r.devices))
+    assert r.full_gpu and not wsl.full_gpu

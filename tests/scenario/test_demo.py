@@ -171,6 +171,7 @@ def test_keep_running_serves_a_kubeconfig_and_ctrl_c_stops_everything(tmp_path: 
 def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list[Path]) -> None:
     out = read_until(proc, "Ctrl-C to stop", timeout=60)
     assert "one: 2 pods x 1 replica(s)" in out and "default/whole-0 -> node-0: a whole GPU" in out, out
+    assert PLACED.findall(out) == [("packed", "1", "1")], out  # the results, before the wait
     found = re.search(r"kubeconfig: (\S+)", out)
     assert found, out
     kubeconfig = Path(found.group(1))
@@ -187,6 +188,14 @@ def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list
         pods = core.list_namespaced_pod(demo.NAMESPACE).items
         assert sorted(p.metadata.name for p in pods) == ["one-0", "one-1", "whole-0"]
         assert all(p.spec.node_name == "node-0" and p.status.phase == "Running" for p in pods)
+    if shutil.which("kubectl"):  # the command the demo prints, as a user would run it
+        got = subprocess.run(
+            ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodegpustates,pods"],
+            capture_output=True, text=True, timeout=30, env={"HOME": str(root), "PATH": os.environ["PATH"]},
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        assert re.search(r"^nodegpustate\.sharepack\.io/node-0\s+\d+\s+\d+/\d+\s+packed\s", got.stdout, re.M), got.stdout
+        assert re.search(r"^pod/whole-0\s+\d/1\s+Running\s", got.stdout, re.M), got.stdout
     assert processes_mentioning([root]), "the stack is not running: the checks below see nothing"
 
     os.killpg(proc.pid, signal.SIGINT)
