@@ -30,7 +30,7 @@ from agent.errors import OptionsError
 from agent.health import XidPolicy
 from agent.running import Agent, Settings
 from common.config import Config, load_config
-from common.errors import SharepackError
+from common.errors import ConfigError, SharepackError
 from common.inventory import Inventory
 
 log = logging.getLogger("agent")
@@ -83,7 +83,12 @@ def config_loader(opts: options.Options) -> Callable[[], Config]:
     def load() -> Config:
         text = None
         if opts.config_file is not None:
-            text = Path(opts.config_file).read_text()
+            raw = Path(opts.config_file).read_bytes()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                # Not an OSError: unwrapped, it would escape the start-up and SIGHUP handlers.
+                raise ConfigError(opts.config_file, [f"not valid UTF-8: {e}"]) from e
         return load_config(
             file_text=text, file_source=opts.config_file or "config file",
             env=opts.env, flags=opts.config_flags,

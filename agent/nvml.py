@@ -282,7 +282,9 @@ def mig_memory_gb(parent_total_bytes: int, mig_memory_mb: int) -> int:
     fraction = mig_memory_mb * MIB / parent_total_bytes
     fraction = math.ceil(fraction * 8) / 8
     total_gb = (parent_total_bytes + GIB - 1) // GIB
-    return round(fraction * total_gb)
+    # Go's math.Round takes halves away from zero; Python's round() takes them to even, which
+    # names the H200's 3g profile (half of 141 GiB: 70.5) "3g.70gb" instead of "3g.71gb".
+    return math.floor(fraction * total_gb + 0.5)
 
 
 def mig_profile_name(

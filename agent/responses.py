@@ -147,15 +147,6 @@ def device_specs(devices: Sequence[Device], options: ResponseOptions) -> list[De
     ]
 
 
-def symmetric_scores(pair_scores: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
-    """Inventory keeps each pair once (a < b); answer lookups in either order."""
-    both: dict[tuple[str, str], int] = {}
-    for (a, b), score in pair_scores.items():
-        both[(a, b)] = score
-        both[(b, a)] = score
-    return both
-
-
 def preferred_allocation(
     resource: Resource,
     policy: Policy,

@@ -153,7 +153,8 @@ class Agent:
         self._config_loader = config_loader
         self._clock = clock
         self._response_id = response_id
-        self._pair_scores = responses.symmetric_scores(inventory.pair_scores)
+        # aligned_allocation looks pairs up in either order: the inventory's (a < b) keys serve.
+        self._pair_scores = inventory.pair_scores
         self._instances = health.mig_instances(inventory)
         self._book = HealthBook()
         self._allocations: collections.deque[Allocation] = collections.deque(maxlen=ALLOCATIONS_KEPT)

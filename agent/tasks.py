@@ -1,7 +1,8 @@
 """Named long-lived tasks, supervised together.
 
-Every long-lived coroutine of the agent (one gRPC server per resource, the kubelet watcher, the
-health monitor, publishing) starts through `Supervisor.spawn`, so that:
+Every long-lived coroutine of the agent (the kubelet watcher, the XID watcher, health recovery,
+registrations, publishing; the gRPC servers run inside grpc.aio, not as our tasks) starts
+through `Supervisor.spawn`, so that:
 
 * a crash is logged at once, with the task's name, not when someone finally awaits it;
 * a task that returns although it was meant to run forever is treated as a failure (a silently

@@ -481,8 +481,9 @@ def _sharing_section(mode: Sharing, where: str, raw: object, problems: list[str]
     for key in raw:
         if key not in _SHARING_KEYS:
             warnings.append(f"{where}.{key}: unknown key, ignored")
-    # failRequestsGreaterThanOne is unset-able upstream: time-slicing defaults it to false
-    # (backward compatible), MPS to true (its historical behaviour: one replica per container).
+    # failRequestsGreaterThanOne: time-slicing leaves it false when unset (backward compatible);
+    # MPS always takes one replica per container, as upstream's ValidateRequest does whatever
+    # the file says.
     defaults = {"renameByDefault": False, "failRequestsGreaterThanOne": mode is Sharing.MPS}
     flags: dict[str, bool] = {}
     for key, default in defaults.items():
@@ -492,6 +493,10 @@ def _sharing_section(mode: Sharing, where: str, raw: object, problems: list[str]
         except _Bad as e:
             problems.append(f"{where}.{key}: {e}")
             flags[key] = default
+    if mode is Sharing.MPS and not flags["failRequestsGreaterThanOne"]:
+        warnings.append(f"{where}.failRequestsGreaterThanOne: false is ignored: MPS gives a "
+                        "container at most one replica (as upstream)")
+        flags["failRequestsGreaterThanOne"] = True
     raw_resources = raw.get("resources")
     if not raw_resources:
         problems.append(f"{where}: no resources specified")

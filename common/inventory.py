@@ -50,9 +50,3 @@ class Inventory:
     pair_scores: Mapping[tuple[str, str], int] = field(default_factory=dict)
     driver_version: str = ""
     cuda_driver_version: int = 0
-
-    def gpu_by_uuid(self, uuid: str) -> Gpu:
-        for gpu in self.gpus:
-            if gpu.uuid == uuid:
-                return gpu
-        raise KeyError(uuid)

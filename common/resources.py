@@ -201,10 +201,12 @@ def _base_resources(inventory: Inventory, strategy: MigStrategy,
     problems = [f"invalid MIG configuration: GPU {g.index} ({g.uuid}) has MIG enabled but no "
                 "MIG devices" for g in gpus if g.mig_enabled and not g.mig_devices]
     if strategy is MigStrategy.SINGLE:
-        enabled = {g.mig_enabled for g in gpus}
-        if len(enabled) > 1:
+        on = [str(g.index) for g in gpus if g.mig_enabled]
+        off = [str(g.index) for g in gpus if not g.mig_enabled]
+        if on and off:
             problems.append("all devices on the node must be configured with the same "
-                            "migEnabled value (mig strategy single)")
+                            f"migEnabled value (mig strategy single): MIG enabled on GPU "
+                            f"{','.join(on)} and disabled on GPU {','.join(off)}")
         profiles = sorted({m.profile for g in gpus for m in g.mig_devices})
         if len(profiles) > 1:
             problems.append("invalid MIG configuration: mig strategy single needs one MIG "
@@ -218,7 +220,9 @@ def _base_resources(inventory: Inventory, strategy: MigStrategy,
             continue
         for mig in _sorted_migs(gpu):
             single = strategy is MigStrategy.SINGLE
-            name = GPU_RESOURCE if single else MIG_RESOURCE_PREFIX + mig.profile
+            # "+" (media extensions, "1g.5gb+me") is not allowed in a resource name: upstream
+            # serves that profile as "nvidia.com/mig-1g.5gb.me".
+            name = GPU_RESOURCE if single else MIG_RESOURCE_PREFIX + mig.profile.replace("+", ".")
             base.setdefault(name, []).append(_mig_device(gpu, mig, minors))
     return base
 

@@ -26,7 +26,7 @@ every connection (the port is reused on `resume()`), `fail_next(...)` injects er
 `requests` records every call.
 
 `kubectl get` works against it: discovery, and the `meta.k8s.io/v1` Table it asks for, with the
-CRD's printer columns (`apiserver_tables`). A watch always streams plain objects.
+CRD's printer columns (`apiserver_tables`), for get, list and watch.
 """
 
 from __future__ import annotations
@@ -343,7 +343,9 @@ class FakeApiServer:
             await response.prepare(request)
             if initial and bookmarks:
                 await self._write_event(response, watcher, self._bookmark(t.rt, initial_end=True))
-            await self._pump(response, watcher, t.rt, bookmarks, deadline)
+            as_table = tables.wants_table(request.headers.get("Accept", ""))
+            include = q.get("includeObject", "") if as_table else None
+            await self._pump(response, watcher, t.rt, bookmarks, deadline, include)
             with contextlib.suppress(ConnectionError):
                 await response.write_eof()
         except ConnectionError:
@@ -359,8 +361,16 @@ class FakeApiServer:
         return {"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}}
 
     async def _pump(
-        self, response: web.StreamResponse, watcher: Watcher, rt: ResourceType, bookmarks: bool, deadline: float | None
+        self,
+        response: web.StreamResponse,
+        watcher: Watcher,
+        rt: ResourceType,
+        bookmarks: bool,
+        deadline: float | None,
+        table_objects: str | None = None,
     ) -> None:
+        """`table_objects`: None streams objects; else (`kubectl get -w`) each object goes out as a
+        one-row Table, rows carrying what `includeObject` names."""
         while True:
             wait = self.bookmark_interval if bookmarks else None
             if deadline is not None:
@@ -379,6 +389,10 @@ class FakeApiServer:
                 continue
             if event is None:
                 return
+            obj = event.get("object")
+            if table_objects is not None and event.get("type") in ("ADDED", "MODIFIED", "DELETED") and obj:
+                meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+                event = {**event, "object": tables.table(rt, [obj], meta, table_objects)}
             await self._write_event(response, watcher, event)
 
     @staticmethod

@@ -10,7 +10,6 @@ from typing import Any
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-APPLY = "application/apply-patch+yaml"
 
 
 class PatchError(ValueError):

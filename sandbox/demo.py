@@ -35,7 +35,7 @@ from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
 from sandbox.apiserver import FakeApiServer
-from sandbox.nodes import NodeSpec, SimulatedNode
+from sandbox.nodes import NodeSpec, NodeStartError, SimulatedNode
 from sandbox.processes import LoggedProcess
 from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 
@@ -185,9 +185,16 @@ class Sandbox:
             node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))
             node = SimulatedNode(spec, node_root, self.api, self.kubeconfig, log_dir=self.root)
             self.nodes.append(node)
-        await asyncio.gather(*(n.start([SHARED_RESOURCE]) for n in self.nodes))
         for node in self.nodes:
             self._stack.push_async_callback(node.stop)
+        try:
+            # A TaskGroup, not gather: when one node fails the others are cancelled (and stop
+            # what they started) before the stack is unwound.
+            async with asyncio.TaskGroup() as group:
+                for node in self.nodes:
+                    group.create_task(node.start([SHARED_RESOURCE]))
+        except* NodeStartError as failed:
+            raise DemoError(str(failed.exceptions[0])) from None
 
         port = free_port()
         self.extender_url = f"http://127.0.0.1:{port}"

@@ -61,6 +61,10 @@ def pod_spec_from_api(doc: Mapping[str, Any]) -> PodSpec:
     )
 
 
+class NodeStartError(RuntimeError):
+    pass
+
+
 class SimulatedNode:
     def __init__(
         self,
@@ -107,16 +111,43 @@ class SimulatedNode:
     async def start(self, resources: Sequence[str]) -> None:
         """Register the Node, start the kubelet and the agent; return once `resources` are served."""
         await self._ensure_node()
-        await self.kubelet.start()
-        self._agent = LoggedProcess(self.agent_args(), self._log_path)
-        await self._agent.start()
         try:
-            for resource in resources:
-                await self.kubelet.wait_for_resource(resource, timeout=AGENT_START_TIMEOUT_S)
-        except Exception as e:
-            tail = self._agent.log_tail()
-            raise RuntimeError(f"node {self.name}: agent did not serve {list(resources)}: {e}\n{tail}") from e
+            await self.kubelet.start()
+            agent = self._agent = LoggedProcess(self.agent_args(), self._log_path)
+            await agent.start()
+            try:
+                await self._wait_serving(agent, resources)
+            except Exception as e:
+                raise NodeStartError(
+                    f"node {self.name}: agent did not serve {list(resources)}: {e}\n{agent.log_tail()}"
+                ) from e
+        except BaseException:
+            # A caller registers stop() once start() returned: nothing else would stop these.
+            await self.stop()
+            raise
         await self.sync_status()
+
+    async def _wait_serving(self, agent: LoggedProcess, resources: Sequence[str]) -> None:
+        """Until the kubelet has every resource, failing at once when the agent exits (a bad
+        --machine) rather than after the whole timeout."""
+        assert agent.proc is not None
+        served = asyncio.ensure_future(self._wait_resources(resources))
+        exited = asyncio.ensure_future(agent.proc.wait())
+        try:
+            await asyncio.wait((served, exited), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (served, exited):
+                task.cancel()
+            await asyncio.gather(served, exited, return_exceptions=True)
+        if not served.cancelled() and served.done() and served.exception() is None:
+            return
+        if exited.done() and not exited.cancelled():
+            raise NodeStartError(f"the agent exited with code {exited.result()}")
+        served.result()  # the kubelet's timeout
+
+    async def _wait_resources(self, resources: Sequence[str]) -> None:
+        for resource in resources:
+            await self.kubelet.wait_for_resource(resource, timeout=AGENT_START_TIMEOUT_S)
 
     async def stop(self) -> None:
         agent, self._agent = self._agent, None

@@ -9,7 +9,8 @@ One pod at a time (kube-scheduler's scheduling cycle is serial):
    `ExtenderArgs` JSON to `<url>/filter` (nodeCacheCapable: node names only) and keep the nodes it
    returns; then, when more than one node is left, POST to `<url>/prioritize` and add
    `score x weight x 10` per node (MaxNodeScore / MaxExtenderPriority = 10), as the scheduler
-   does. Extender errors are ignored when the extender is `ignorable`, like kube-scheduler.
+   does. Filter errors are ignored when the extender is `ignorable`; prioritize errors always
+   are (the extender then adds no score), like kube-scheduler.
 3. Pick the highest total; ties go to a seeded random choice among the best (kube-scheduler
    samples ties uniformly).
 4. Bind: through the extender's `/bind` when it has a bind verb, else the `binding` subresource.
@@ -139,7 +140,12 @@ class SchedulerDriver:
                     reasons[node_name] = str(why)
                 feasible = [n for n in feasible if n in set(kept)]
                 scores = {n: 0 for n in feasible}
-                if len(feasible) > 1:  # the scheduler skips prioritize with one node left
+            except (aiohttp.ClientError, asyncio.TimeoutError, SchedulingError, ValueError) as e:
+                if not ext.ignorable:
+                    return Decision(key, None, f"extender failed: {e}")
+                log.warning("extender call failed, scheduling without it: %s", e)
+            if len(feasible) > 1:  # the scheduler skips prioritize with one node left
+                try:
                     ranked = await self._post(
                         ext, "prioritize", {"Pod": doc, "NodeNames": feasible, "Nodes": None}
                     )
@@ -147,10 +153,10 @@ class SchedulerDriver:
                     for entry in ranked or []:
                         if entry.get("Host") in scores:
                             scores[entry["Host"]] += int(entry.get("Score", 0)) * factor
-            except (aiohttp.ClientError, asyncio.TimeoutError, SchedulingError, ValueError) as e:
-                if not ext.ignorable:
-                    return Decision(key, None, f"extender failed: {e}")
-                log.warning("extender call failed, scheduling without it: %s", e)
+                except (aiohttp.ClientError, asyncio.TimeoutError, SchedulingError, ValueError) as e:
+                    # kube-scheduler ignores prioritize errors, `ignorable` or not: no score.
+                    scores = {n: 0 for n in feasible}
+                    log.warning("extender prioritize failed, no extender score for this pod: %s", e)
 
         if not feasible:
             summary = "; ".join(f"{n}: {r}" for n, r in sorted(reasons.items()))

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from agent import options
+from agent.__main__ import config_loader
 from agent.errors import OptionsError
 from common.config import load_config
+from common.errors import ConfigError
 from common.policies import MigStrategy, Policy
 
 
@@ -65,3 +67,12 @@ def test_bad_options_say_what_and_where(argv: list[str], env: dict[str, str], me
     with pytest.raises(OptionsError, match=None) as info:
         options.parse(argv, env)
     assert message in str(info.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"version: v1\nflags: {migStrategy: \xff}\n")
+    load = config_loader(options.parse(["--config-file", str(path)], {}))
+    # A ConfigError (not UnicodeDecodeError) is what start-up and SIGHUP report and survive.
+    with pytest.raises(ConfigError, match=r"invalid config from .*config\.yaml:\n  - not valid UTF-8"):
+        load()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.responses import ResponseOptions, container_response, preferred_allocation, symmetric_scores
+from agent.responses import ResponseOptions, container_response, preferred_allocation
 from common.errors import AllocationError
 from common.policies import Policy
 from common.resources import build_resources
@@ -60,7 +60,7 @@ def test_cdi_annotation_uses_the_configured_prefix_and_response_id() -> None:
 def test_full_gpus_take_the_topology_path_and_shared_the_policy() -> None:
     inventory = plain_gpus(4)
     (full,) = build_resources(inventory, config())
-    scores = symmetric_scores({(gpu_uuid(0), gpu_uuid(3)): 200, (gpu_uuid(0), gpu_uuid(1)): 10})
+    scores = {(gpu_uuid(0), gpu_uuid(3)): 200, (gpu_uuid(0), gpu_uuid(1)): 10}
     chosen = preferred_allocation(full, Policy.PACKED, scores, full.device_ids(), [], 2)
     assert sorted(chosen) == sorted([gpu_uuid(0), gpu_uuid(3)])
     with pytest.raises(AllocationError):

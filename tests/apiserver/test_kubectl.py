@@ -100,6 +100,16 @@ async def test_a_table_request_gets_printer_columns_and_row_metadata(
     assert row["object"]["metadata"]["name"] == first_cells[0]
 
 
+async def test_a_table_watch_streams_one_row_tables(api: client.ApiClient, server: FakeApiServer) -> None:
+    await _seed(api)
+    url = f"{server.url}/api/v1/namespaces/default/pods?watch=true&timeoutSeconds=1"
+    async with ClientSession() as s, s.get(url, headers={"Accept": TABLE}) as resp:
+        events = [orjson.loads(line) async for line in resp.content if line.strip()]
+    assert [e["type"] for e in events] == ["ADDED"]
+    table = events[0]["object"]
+    assert table["kind"] == "Table" and [r["cells"][:3] for r in table["rows"]] == [["p1", "0/1", "Pending"]]
+
+
 async def test_a_plain_json_request_still_gets_the_object(api: client.ApiClient, server: FakeApiServer) -> None:
     await _seed(api)
     doc = await _get(server, f"/apis/{gpustate.GROUP}/{gpustate.VERSION}/{gpustate.PLURAL}", "application/json")

@@ -615,7 +615,9 @@ def _files(draw: st.DrawFn) -> dict[str, object]:
             },
         },
         "sharing": {mode: {"renameByDefault": draw(st.booleans()),
-                           "failRequestsGreaterThanOne": draw(st.booleans()),
+                           # MPS ignores false (and warns), so only true round-trips there.
+                           "failRequestsGreaterThanOne": (draw(st.booleans())
+                                                          if mode == "timeSlicing" else True),
                            "resources": resources}},
     }
 
@@ -676,13 +678,21 @@ def test_configs_hash_and_compare_by_value() -> None:
         pytest.param("mps: {resources: [{name: gpu, replicas: 2}]}", True,
                      id="mps turns failRequestsGreaterThanOne on by default, as upstream"),
         pytest.param("mps: {failRequestsGreaterThanOne: false, resources: [{name: gpu, "
-                     "replicas: 2}]}", False, id="mps may turn failRequestsGreaterThanOne off"),
+                     "replicas: 2}]}", True,
+                     id="mps keeps failRequestsGreaterThanOne on even when set false, as upstream"),
     ],
 )
 def test_fail_requests_greater_than_one_defaults_per_sharing_mode(section: str,
                                                                   want: bool) -> None:
     c = load(f"sharing:\n  {section}\n")
     assert c.sharing is not None and c.sharing.fail_requests_greater_than_one is want
+
+
+def test_mps_with_fail_requests_greater_than_one_false_warns_that_it_is_ignored() -> None:
+    c = load("sharing:\n  mps: {failRequestsGreaterThanOne: false, resources: [{name: gpu, "
+             "replicas: 2}]}\n")
+    assert c.warnings == ("sharing.mps.failRequestsGreaterThanOne: false is ignored: MPS gives "
+                          "a container at most one replica (as upstream)",)
 
 
 def test_the_global_yaml_safe_loader_is_left_alone() -> None:

@@ -16,8 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent import registering
+from agent import nvml, nvmlsim, registering
 from common import config as agent_config
+from common import resources
 from common import state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +180,27 @@ def test_scheduler_config_manages_every_resource_the_agents_publish() -> None:
     profiles += ("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
     expected |= {agent_config.MIG_RESOURCE_PREFIX + p for p in profiles}
     assert expected <= managed, f"not managed: {sorted(expected - managed)}"
+
+
+@pytest.mark.parametrize("machine", nvmlsim.builtin_names())
+def test_every_resource_a_deployed_config_serves_on_a_simulated_machine_is_managed(machine: str) -> None:
+    """What the agents actually publish, from the ConfigMaps in deploy/ on each built-in machine,
+    not a list kept by hand next to the scheduler config."""
+    sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    managed = {r["name"] for r in sched["extenders"][0]["managedResources"]}
+    lib = nvml.load_library(machine)
+    try:
+        inventory = nvml.read_inventory(lib)
+    finally:
+        nvml.shutdown(lib)
+    for path, doc in _documents():
+        if doc["kind"] != "ConfigMap" or doc["metadata"]["name"] != "sharepack-agent-config":
+            continue
+        for key, text in doc["data"].items():
+            where = f"{path.relative_to(DEPLOY)}:{key}"
+            cfg = agent_config.load_config(file_text=text, file_source=where, env={}, flags={})
+            served = {r.name for r in resources.build_resources(inventory, cfg)}
+            assert served <= managed, f"{where} on {machine} serves unmanaged {sorted(served - managed)}"
 
 
 def test_admission_policy_and_rbac_name_the_service_accounts_that_exist() -> None:

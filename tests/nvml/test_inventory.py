@@ -189,6 +189,11 @@ def test_pcie_only_machine_scores_switch_pairs_highest() -> None:
         (7, 7, 81152, 81559, False, "7g.80gb"),
         # A mock H100 1g instance of exactly 10 GiB is over an eighth: named like a 2-slice one.
         (1, 1, 10240, 81559, False, "1g.20gb"),
+        # H200 (143771 MiB, 141 GiB rounded up): an instance just under half of the memory is
+        # named after 4/8 x 141 = 70.5 GiB, which Go rounds half away from zero.
+        (3, 3, 71000, 143771, False, "3g.71gb"),
+        (1, 1, 17000, 143771, False, "1g.18gb"),
+        (2, 2, 35000, 143771, False, "2g.35gb"),
     ],
 )
 def test_mig_profiles_are_named_from_memory_like_go_nvlib(

@@ -19,10 +19,11 @@ from common.errors import ResourceError
 from common.inventory import Gpu, Inventory, MigDevice
 from common.policies import MigStrategy, Sharing
 from common.resources import Device, Resource, build_resources
+from sandbox.kubelet_validation import is_extended_resource_name
 
 A100 = "NVIDIA A100-SXM4-40GB"
-PROFILES = {"1g.5gb": (1, 4864), "2g.10gb": (2, 9984), "3g.20gb": (4, 19968),
-            "7g.40gb": (8, 40192)}
+PROFILES = {"1g.5gb": (1, 4864), "1g.5gb+me": (1, 4864), "2g.10gb": (2, 9984),
+            "3g.20gb": (4, 19968), "7g.40gb": (8, 40192)}
 
 
 def gpu_uuid(i: int) -> str:
@@ -156,7 +157,7 @@ def test_mig_strategy_mixed_serves_one_resource_per_profile_and_full_gpus() -> N
     [
         pytest.param(inventory(gpu(0, "1g.5gb"), gpu(1)), "single",
                      "all devices on the node must be configured with the same migEnabled "
-                     "value (mig strategy single)",
+                     "value (mig strategy single): MIG enabled on GPU 0 and disabled on GPU 1",
                      id="single rejects a node with MIG on some GPUs only"),
         pytest.param(inventory(gpu(0, "1g.5gb"), gpu(1, "3g.20gb")), "single",
                      "invalid MIG configuration: mig strategy single needs one MIG profile on "
@@ -170,7 +171,8 @@ def test_mig_strategy_mixed_serves_one_resource_per_profile_and_full_gpus() -> N
                      "MIG devices", id="mixed rejects a MIG-enabled GPU without instances"),
         pytest.param(inventory(gpu(0, "1g.5gb"), gpu(1, "3g.20gb"), gpu(2)), "single",
                      "all devices on the node must be configured with the same migEnabled value "
-                     "(mig strategy single); invalid MIG configuration: mig strategy single needs "
+                     "(mig strategy single): MIG enabled on GPU 0,1 and disabled on GPU 2; invalid "
+                     "MIG configuration: mig strategy single needs "
                      "one MIG profile on the node, found 1g.5gb, 3g.20gb",
                      id="single reports every MIG problem at once"),
     ],
@@ -478,3 +480,9 @@ def test_full_gpu_follows_upstreams_aligned_path_rule_for_wsl_devices() -> None:
     wsl = dataclasses.replace(
         r, devices=tuple(dataclasses.replace(d, paths=("/dev/dxg",)) for d in r.devices))
     assert r.full_gpu and not wsl.full_gpu
+
+
+def test_a_media_extension_profile_gets_upstreams_valid_resource_name() -> None:
+    got = build(inventory(gpu(0, "1g.5gb+me", "1g.5gb")), cfg(MIG_STRATEGY="mixed"))
+    assert sorted(got) == ["nvidia.com/mig-1g.5gb", "nvidia.com/mig-1g.5gb.me"]
+    assert all(is_extended_resource_name(name) for name in got), "the kubelet would refuse '+'"

@@ -97,6 +97,25 @@ def test_a_bad_workload_file_is_a_clear_error_and_exit_code_1(
     assert children(os.getpid()) <= before
 
 
+def test_an_unknown_machine_fails_fast_naming_it_and_leaves_nothing_behind(
+    sandbox_dirs: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = children(os.getpid())
+    started = time.monotonic()
+    rc = demo.main(["--nodes", "2", "--policy", "packed", "--machine", "no-such-machine"])
+    _, err = capsys.readouterr()
+    assert rc == 1, err
+    assert err.startswith("sharepack-demo: node node-"), err
+    assert "the agent exited with code 1" in err and "invalid simulated machine no-such-machine" in err, err
+    assert "Traceback" not in err
+    # The agent exits at once: the demo must not wait out the agent start timeout.
+    assert time.monotonic() - started < 20
+    assert children(os.getpid()) <= before
+    assert processes_mentioning(sandbox_dirs) == []
+    assert unix_sockets_under(sandbox_dirs) == []
+    assert [p for p in sandbox_dirs if p.exists()] == []
+
+
 VALID_POLICIES = "(choose from distributed, packed, spread)"
 BAD_ARGS = {
     "policy-typo": (["--policy", "spreadd"], ("invalid --policy option: spreadd", VALID_POLICIES)),
