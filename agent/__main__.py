@@ -203,7 +203,9 @@ async def publication(
     assert opts.node_name is not None
     await publishing.run_publication(
         agent, api, opts.node_name, pod_resources_socket=opts.pod_resources_socket,
-        settings=publishing.PublishSettings(heartbeat_s=opts.state_heartbeat_s),
+        settings=publishing.PublishSettings(
+            heartbeat_s=opts.state_heartbeat_s, min_interval_s=opts.state_min_write_interval_s
+        ),
         config_source=source, reloader=reloader,
     )
 

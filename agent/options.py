@@ -55,6 +55,9 @@ _PROCESS = (
     _Process("state-heartbeat-seconds", "SHAREPACK_STATE_HEARTBEAT_SECONDS", "60",
              "rewrite the NodeGpuState with a fresh observedAt this often even when nothing "
              "changed, so schedulers can tell a quiet node from a dead agent (0: never)"),
+    _Process("state-min-write-interval-seconds", "SHAREPACK_STATE_MIN_WRITE_INTERVAL_SECONDS", "0.5",
+             "at most one NodeGpuState write per this interval; a burst of changes in between "
+             "becomes one write"),
 )
 
 _CONFIG_HELP = {
@@ -86,6 +89,7 @@ class Options:
     unhealthy_recovery_s: float
     node_config_configmap: tuple[str, str] | None = None  # (namespace, name)
     state_heartbeat_s: float = 60.0  # 0: write only on change
+    state_min_write_interval_s: float = 0.5
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -142,6 +146,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         raise OptionsError(f"invalid --log-format option: {log_format} (from {origin}; want text or json)")
     recovery = _seconds(process, "unhealthy-recovery-seconds")
     heartbeat = _seconds(process, "state-heartbeat-seconds")
+    min_write_interval = _seconds(process, "state-min-write-interval-seconds")
     configmap: tuple[str, str] | None = None
     raw_configmap, origin = process("node-config-configmap")
     if raw_configmap:
@@ -169,5 +174,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         unhealthy_recovery_s=recovery,
         node_config_configmap=configmap,
         state_heartbeat_s=heartbeat,
+        state_min_write_interval_s=min_write_interval,
         env=MappingProxyType(dict(env)),
     )

@@ -46,6 +46,8 @@ def test_only_given_config_flags_reach_load_config_and_win_over_env() -> None:
         pytest.param([], {}, "state_heartbeat_s", 60.0, id="state heartbeat every minute by default"),
         pytest.param([], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "15"}, "state_heartbeat_s", 15.0, id="state heartbeat from env"),
         pytest.param(["--state-heartbeat-seconds", "0"], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "15"}, "state_heartbeat_s", 0.0, id="state heartbeat flag beats env and 0 turns it off"),
+        pytest.param([], {"SHAREPACK_STATE_MIN_WRITE_INTERVAL_SECONDS": "2"}, "state_min_write_interval_s", 2.0, id="write interval from env"),
+        pytest.param([], {}, "state_min_write_interval_s", 0.5, id="write interval default is half a second"),
     ],
 )
 def test_process_options(argv: list[str], env: dict[str, str], attr: str, expected: object) -> None:
@@ -60,6 +62,7 @@ def test_process_options(argv: list[str], env: dict[str, str], attr: str, expect
         pytest.param(["--unhealthy-recovery-seconds", "-1"], {}, "invalid --unhealthy-recovery-seconds option: -1", id="negative recovery"),
         pytest.param([], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "soon"}, "invalid --state-heartbeat-seconds option: soon (from env SHAREPACK_STATE_HEARTBEAT_SECONDS", id="bad heartbeat names the env var"),
         pytest.param(["--state-heartbeat-seconds", "nan"], {}, "invalid --state-heartbeat-seconds option: nan", id="nan heartbeat"),
+        pytest.param(["--state-min-write-interval-seconds", "-1"], {}, "invalid --state-min-write-interval-seconds option: -1", id="negative write interval"),
         pytest.param(["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag", id="unknown flag"),
     ],
 )
