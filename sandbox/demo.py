@@ -322,7 +322,7 @@ async def run_policy(
                 box.workload = wl
             print(
                 f"   up in {time.monotonic() - started:.1f} s: API server {box.api_server.url}, "
-                f"{nodes} node{"s" if nodes != 1 else ""} ({machine}, {gpus_per_node} GPUs x {wl.replicas} replicas), "
+                f"{nodes} node{'s' if nodes != 1 else ''} ({machine}, {gpus_per_node} GPUs x {wl.replicas} replicas), "
                 f"extender {box.extender_url}",
                 file=out,
             )
