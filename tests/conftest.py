@@ -4,7 +4,8 @@ budget (pytest-timeout), and an asyncio test that leaves a task running fails.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,11 @@ async def _no_leftover_tasks() -> AsyncIterator[None]:
         for task in leftover:
             task.cancel()
         pytest.fail(f"test left asyncio tasks running: {[t.get_name() for t in leftover]}")
+
+
+@pytest.fixture
+def tmp_short() -> Iterator[Path]:
+    """A temp dir under /tmp: unix socket paths must stay under ~100 characters, which pytest's
+    own tmp_path (deep under /tmp/pytest-of-...) can exceed."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        yield Path(d)

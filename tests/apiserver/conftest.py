@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,12 +9,6 @@ import pytest
 from kubernetes import client, config
 
 from sandbox.apiserver import FakeApiServer
-
-
-@pytest.fixture
-def tmp_short() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(dir="/tmp") as d:
-        yield Path(d)
 
 
 @pytest.fixture

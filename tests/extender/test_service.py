@@ -7,8 +7,7 @@ import asyncio
 import shutil
 import ssl
 import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,12 +60,6 @@ def create_pod(server: FakeApiServer, name: str, n: int = 1) -> str:
                                  "resources": {"limits": {SHARED: str(n)}, "requests": {SHARED: str(n)}}}]},
     })  # fmt: skip
     return str(pod["metadata"]["uid"])
-
-
-@pytest.fixture
-def tmp_short() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(dir="/tmp") as d:
-        yield Path(d)
 
 
 @pytest.fixture
