@@ -25,7 +25,7 @@ def write(tmp_path: Path, text: str) -> Path:
          f"name: x\nproduct: NVIDIA A100\ngpus: [{GOOD_GPU}]",
          "product", "unknown product 'NVIDIA A100'"),
         ("a misspelt field",
-         f"name: x\nproduct: Tesla T4\ngpus: [{{pci_bus_id: '00000000:07:00.0', numa: 0}}]",
+         "name: x\nproduct: Tesla T4\ngpus: [{pci_bus_id: '00000000:07:00.0', numa: 0}]",
          "gpus[0].numa", "unknown field"),
         ("a bus ID in the wrong format",
          "name: x\nproduct: Tesla T4\ngpus: [{pci_bus_id: '07:00.0'}]",

@@ -17,7 +17,7 @@ from common import resources
 from common.config import Config
 from common.errors import ResourceError
 from common.inventory import Gpu, Inventory, MigDevice
-from common.policies import MigStrategy, Sharing
+from common.policies import Sharing
 from common.resources import Device, Resource, build_resources
 from sandbox.kubelet_validation import is_extended_resource_name
 

@@ -27,3 +27,8 @@ def test_mypy_strict_passes() -> None:
 def test_generated_protobuf_modules_are_fresh() -> None:
     result = _run(sys.executable, "-m", "proto.generate", "--check")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_finds_no_errors() -> None:
+    result = _run(str(BIN / "ruff"), "check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
