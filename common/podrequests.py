@@ -208,7 +208,7 @@ def _mapping(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise RequestError(f"invalid pod {where}.{key}: not an object")
+        raise RequestError(f"invalid pod {where}.{key}: not an object" if where else f"invalid pod {key}: not an object")
     return value
 
 

@@ -42,7 +42,7 @@ With `landed` the devices the pod would take, three terms in 0..1:
 fragmentation gradient instead: the node's fragmentation (`common.fragmentation`, over a typical
 workload, per-GPU free share = free / total) before minus after, as
 `round_half_up(10 x sigmoid(gradient / 100))`, so 5 is "no change" and nodes where the pod
-closes a fragment rank above nodes where it opens one (`score_node_fragaware`).
+closes a fragment rank above nodes where it opens one.
 
 The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
 filling nodes over opening new ones, then tight fit. Nodes without a published state are
@@ -60,7 +60,7 @@ once per request shape.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -259,13 +259,6 @@ def _fragaware(state: NodeState, placement: Placement, workload: fragmentation.T
     return NodeScore(True, score, reason, MappingProxyType(dict(placement)))
 
 
-def score_node_fragaware(
-    state: NodeState, request: PodRequest, workload: fragmentation.TypicalWorkload | None = None
-) -> NodeScore:
-    """`score_node` under `NodePolicy.FRAGAWARE`: the extender's entry for the frag-aware policy."""
-    return score_node(state, request, NodePolicy.FRAGAWARE, workload=workload)
-
-
 def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
     """The state after a pod takes `placement` (how assumed pods and the simulator count it).
 
@@ -287,26 +280,6 @@ def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> Nod
             if n:
                 pods = g.pods if pod_uid in g.pods else (*g.pods, pod_uid)
                 g = replace(g, allocated=min(g.allocated + n, g.total), pods=pods)
-            gpus.append(g)
-        resources.append(replace(res, gpus=tuple(gpus)))
-    return replace(state, resources=tuple(resources))
-
-
-def remove_pod(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
-    """The state after a pod that held `placement` leaves (the simulator's pod end)."""
-    resources = []
-    for res in state.resources:
-        keys = placement.get(res.name, ())
-        counts = Counter(keys)
-        gpus = []
-        for g in res.gpus:
-            n = counts.get(g.key, 0)
-            if n or pod_uid in g.pods:
-                g = replace(
-                    g,
-                    allocated=max(g.allocated - n, 0),
-                    pods=tuple(p for p in g.pods if p != pod_uid),
-                )
             gpus.append(g)
         resources.append(replace(res, gpus=tuple(gpus)))
     return replace(state, resources=tuple(resources))
@@ -466,17 +439,3 @@ class NodeScorer:
 
     def __len__(self) -> int:
         return len(self._memo)
-
-
-def best_node(
-    scorers: Iterable[tuple[str, NodeScorer]], request: PodRequest
-) -> tuple[str, NodeScore] | None:
-    """The feasible node with the highest score, ties by name (a simple scheduler stand-in)."""
-    best: tuple[str, NodeScore] | None = None
-    for name, scorer in scorers:
-        s = scorer.score(request)
-        if not s.feasible:
-            continue
-        if best is None or s.score > best[1].score or (s.score == best[1].score and name < best[0]):
-            best = (name, s)
-    return best

@@ -65,7 +65,7 @@ class Options:
     @property
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.listen.rpartition(":")
-        if not sep or not port.isdigit():
+        if not sep or not port.isdigit() or int(port) > 65535:
             raise ValueError(f"invalid --listen option: {self.listen!r} (want HOST:PORT)")
         return host.strip("[]") or "0.0.0.0", int(port)
 
@@ -102,6 +102,14 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error("--tls-cert-file and --tls-private-key-file go together")
     if not a.state_max_age_seconds >= 0:  # also rejects nan
         p.error(f"invalid --state-max-age-seconds option: {a.state_max_age_seconds} (want seconds >= 0)")
+    for flag, value in (("--assume-ttl", a.assume_ttl), ("--resync", a.resync), ("--max-body-bytes", a.max_body_bytes)):
+        if not value > 0 or value == float("inf"):  # also rejects nan
+            p.error(f"invalid {flag} option: {value} (want a finite number > 0)")
+    if a.tls_cert_file:
+        try:
+            tls_context(a.tls_cert_file, a.tls_private_key_file)
+        except ValueError as e:
+            p.error(str(e))
     workload = None
     if a.typical_workload is not None:
         try:
@@ -131,6 +139,19 @@ def parse_args(argv: Sequence[str]) -> Options:
     except ValueError as e:
         p.error(str(e))
     return opts
+
+
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The server's TLS context; raises ValueError naming the files (checked at parse time, so
+    a wrong path is a usage error rather than a traceback once the caches start)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert_file, key_file)
+    except OSError as e:  # ssl.SSLError included: not PEM, or key and certificate do not match
+        raise ValueError(
+            f"invalid --tls-cert-file/--tls-private-key-file option: {cert_file}, {key_file}: {e.strerror or e}"
+        ) from None
+    return ctx
 
 
 class _JsonFormatter(logging.Formatter):
@@ -227,8 +248,7 @@ class Service:
         host, port = self.opts.host_port
         ssl_context = None
         if self.opts.tls_cert_file and self.opts.tls_private_key_file:
-            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ssl_context.load_cert_chain(self.opts.tls_cert_file, self.opts.tls_private_key_file)
+            ssl_context = tls_context(self.opts.tls_cert_file, self.opts.tls_private_key_file)
         app = self.extender.app(max_body_bytes=self.opts.max_body_bytes)
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
@@ -300,7 +320,11 @@ class Service:
 
 async def run(opts: Options) -> int:
     service = Service(opts, api=await asyncio.to_thread(api_client, opts))
-    await service.start()
+    try:
+        await service.start()
+    except OSError as e:  # address in use, unknown host: say so instead of a traceback
+        log.error("cannot serve on --listen %s: %s", opts.listen, e.strerror or e)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = 0

@@ -7,7 +7,7 @@ one observation is a bisect and two increments, cheap enough for the prioritize 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 # Seconds. Dense below 5 ms: that is the budget at 1,000 nodes.
@@ -120,7 +120,3 @@ def parse_text(text: str) -> dict[str, float]:
         key, _, value = line.rpartition(" ")
         out[key] = float(value)
     return out
-
-
-def samples(text: str, prefix: str) -> Iterable[tuple[str, float]]:
-    return ((k, v) for k, v in parse_text(text).items() if k.startswith(prefix))

@@ -2,7 +2,8 @@
 
 With no arguments it replays the built-in default trace (Alibaba cluster-trace-gpu-v2023,
 openb_pod_list_default on the 1,213 GPU nodes) with every policy over the study's ten seeds, and
-writes `tracesim-results.csv` (plus `_frag` and `_frag_ratio` CSVs) and `tracesim-allocation.png`.
+writes `tracesim-results.csv` (plus `_frag`, `_frag_ratio`, `_free_gpus` and `_failed` CSVs) and
+`tracesim-allocation.png`.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         report(f"trace {pods.source}: {len(pods)} pods; {nodes.source}: {len(nodes)} nodes, {nodes.total_gpus} GPUs")
         experiment = running.Experiment.build(pods, nodes)
         report(f"typical workload: {len(experiment.frag_model.freq)} pod shapes")
+        published = reporting.load_published(workload, args.published)  # before the runs: fail fast
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         results = running.run_all(experiment, specs, seeds, report=report, live=live)
-        published = reporting.load_published(workload, args.published)
         summaries = [reporting.summarise(label, runs, published) for label, runs in results.items()]
         print(f"{workload}: {len(seeds)} seed(s), tune {workloads.TUNE_RATIO}")
         print(reporting.table(summaries))

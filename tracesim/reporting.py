@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from tracesim.baselines import PUBLISHED_NAMES
+from tracesim.errors import TraceError
 from tracesim.fragmentation import FloatArray
 from tracesim.metrics import GRID, Binned
 from tracesim.replaying import RunResult
@@ -150,18 +151,30 @@ def load_published(workload: str, path: Path | None = None, metric: str = "alloc
     Reads the packaged means, or a cached-results CSV of the study (per-seed rows) given as `path`.
     """
     if path is None:
+        source = f"built-in {PUBLISHED_FILE}"
         text = resources.files("tracesim.data").joinpath(PUBLISHED_FILE).read_text(encoding="utf-8")
     else:
-        text = path.read_text(encoding="utf-8")
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TraceError(f"cannot read --published {path}: {getattr(e, 'strerror', None) or e}") from None
     ours = {v: k for k, v in PUBLISHED_NAMES.items()}
     rows: dict[str, list[FloatArray]] = {}
-    for row in csv.DictReader(io.StringIO(text)):
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in ("workload", "sc_policy", *(str(k) for k in GRID)) if c not in (reader.fieldnames or ())]
+    if missing:
+        raise TraceError(f"invalid --published {source}: missing column {missing[0]!r} (want the study's results layout)")
+    for line, row in enumerate(reader, start=2):
         if row.get("workload") != workload or row.get("metric", metric) != metric:
             continue
         name = ours.get(row.get("sc_policy", ""))
         if name is None:
             continue
-        values = np.array([float(row[str(k)]) if row.get(str(k)) else math.nan for k in GRID])
+        try:
+            values = np.array([float(row[str(k)]) if row.get(str(k)) else math.nan for k in GRID])
+        except ValueError as e:
+            raise TraceError(f"invalid --published {source} row {line}: {e}") from None
         rows.setdefault(name, []).append(values)
     return {name: np.nanmean(np.vstack(curves), axis=0) for name, curves in rows.items()}
 

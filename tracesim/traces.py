@@ -73,7 +73,8 @@ class NodeList:
         return int(self.num_gpu.sum())
 
 
-def _rows(path: Path | None, default: str) -> tuple[str, list[dict[str, str]]]:
+def _rows(path: Path | None, default: str) -> tuple[str, list[tuple[int, dict[str, str]]]]:
+    """The source's name and its rows, each with its line in the file (rows get sorted later)."""
     if path is None:
         ref = resources.files("tracesim.data").joinpath(default)
         text = ref.read_text(encoding="utf-8")
@@ -83,8 +84,10 @@ def _rows(path: Path | None, default: str) -> tuple[str, list[dict[str, str]]]:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise TraceError(f"cannot read trace file {path}: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise TraceError(f"cannot read trace file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         source = str(path)
-    return source, list(csv.DictReader(text.splitlines()))
+    return source, list(enumerate(csv.DictReader(text.splitlines()), start=2))
 
 
 def _int(row: dict[str, str], column: str, where: str) -> int:
@@ -96,7 +99,7 @@ def _int(row: dict[str, str], column: str, where: str) -> int:
         return 0
     try:
         return int(float(raw))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "inf"
         raise TraceError(f"invalid {column} {raw!r} in {where}") from None
 
 
@@ -105,10 +108,10 @@ def load_pods(path: Path | None = None) -> PodList:
     source, rows = _rows(path, DEFAULT_PODS)
     if not rows:
         raise TraceError(f"no pods in {source}")
-    rows.sort(key=lambda r: r.get("name", ""))
+    rows.sort(key=lambda r: r[1].get("name", ""))
     names, cpu, mem, num, milli, spec = [], [], [], [], [], []
-    for i, row in enumerate(rows):
-        where = f"{source} row {i + 2}"
+    for i, (line, row) in enumerate(rows):
+        where = f"{source} row {line}"
         n = _int(row, "num_gpu", where)
         m = _int(row, "gpu_milli", where) if n > 0 else 0
         m = min(m, MILLI)
@@ -142,10 +145,10 @@ def load_nodes(path: Path | None = None) -> NodeList:
     source, rows = _rows(path, DEFAULT_NODES)
     if not rows:
         raise TraceError(f"no nodes in {source}")
-    rows.sort(key=lambda r: r.get("sn", ""))
+    rows.sort(key=lambda r: r[1].get("sn", ""))
     names, cpu, mem, num, model = [], [], [], [], []
-    for i, row in enumerate(rows):
-        where = f"{source} row {i + 2}"
+    for i, (line, row) in enumerate(rows):
+        where = f"{source} row {line}"
         n = _int(row, "gpu", where)
         if not 0 <= n <= 8:
             # The study's nodes hold at most 8 GPUs, and its frag memo pads to 8.

@@ -20,7 +20,7 @@ from kubernetes import config
 from common import state as published
 from common.policies import MigStrategy, Policy, Sharing
 from common.state import GpuState, NodeState, ResourceState
-from extender.__main__ import Options, Service, parse_args
+from extender.__main__ import Options, Service, parse_args, run
 from extender.metrics import parse_text
 from sandbox import apiserver_resources as kinds
 from sandbox.apiserver import FakeApiServer
@@ -220,6 +220,34 @@ def test_flags() -> None:
         parse_args(["--tls-cert-file", "x"])
     with pytest.raises(SystemExit):
         parse_args(["--listen", "nope"])
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    pytest.param(["--listen", "127.0.0.1:99999"], "'127.0.0.1:99999'", id="a port over 65535"),
+    pytest.param(["--resync", "0"], "--resync option: 0.0", id="a zero resync period"),
+    pytest.param(["--assume-ttl", "nan"], "--assume-ttl option: nan", id="a nan assume ttl"),
+    pytest.param(["--max-body-bytes", "-1"], "--max-body-bytes option: -1", id="a negative body limit"),
+    pytest.param(["--tls-cert-file", "/nonexistent/tls.crt", "--tls-private-key-file", "/nonexistent/tls.key"],
+                 "/nonexistent/tls.crt, /nonexistent/tls.key: No such file", id="missing certificate files"),
+])  # fmt: skip
+def test_a_bad_flag_is_a_usage_error_naming_the_value(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+async def test_an_address_in_use_is_an_error_exit_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    first = Service(Options(listen="127.0.0.1:0", in_cluster=False), api=None)
+    await first.start()
+    try:
+        listen = f"127.0.0.1:{first.port}"
+        assert await run(Options(listen=listen, in_cluster=False)) == 1
+        assert f"cannot serve on --listen {listen}" in caplog.text
+    finally:
+        await first.stop()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")

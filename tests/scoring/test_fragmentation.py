@@ -138,7 +138,7 @@ def request(n: int) -> pr.PodRequest:
     ],
 )
 def test_fragaware_scores_the_predicted_placement(allocated: list[int], replicas: int, score: int) -> None:
-    s = scoring.score_node_fragaware(node(allocated), request(replicas))
+    s = scoring.score_node(node(allocated), request(replicas), NodePolicy.FRAGAWARE)
     assert s.feasible and s.score == score
     assert s.placement == scoring.score_node(node(allocated), request(replicas), Policy.PACKED).placement
 
@@ -151,8 +151,8 @@ def test_fragaware_keeps_the_filter_of_score_node() -> None:
 def test_fragaware_uses_the_given_workload() -> None:
     # Only quarter-GPU pods: 0.5 GPU left on a GPU is no fragment any more.
     quarters = fr.TypicalWorkload((fr.Shape(1, 250, 1),))
-    default = scoring.score_node_fragaware(node([0, 0]), request(5))
-    custom = scoring.score_node_fragaware(node([0, 0]), request(5), quarters)
+    default = scoring.score_node(node([0, 0]), request(5), NodePolicy.FRAGAWARE)
+    custom = scoring.score_node(node([0, 0]), request(5), NodePolicy.FRAGAWARE, workload=quarters)
     assert default.score < custom.score == 5
 
 
@@ -160,7 +160,7 @@ def test_templates_and_scorers_pass_the_workload() -> None:
     quarters = fr.TypicalWorkload((fr.Shape(1, 250, 1),))
     templates = scoring.ScoreTemplates(NodePolicy.FRAGAWARE, workload=quarters)
     shared = scoring.NodeScorer(node([0, 0]), NodePolicy.FRAGAWARE, templates=templates).score(request(5))
-    assert shared == scoring.score_node_fragaware(node([0, 0]), request(5), quarters)
+    assert shared == scoring.score_node(node([0, 0]), request(5), NodePolicy.FRAGAWARE, workload=quarters)
 
 
 def test_free_shares_take_the_least_free_resource_and_floor() -> None:

@@ -70,6 +70,8 @@ def test_the_pod_counts_as_the_kubelet_counts_it(doc: dict[str, Any], expected: 
 
 BAD = [
     pytest.param("not a pod", "invalid pod: not an object", id="a string"),
+    pytest.param({"metadata": 5}, "invalid pod metadata: not an object", id="metadata not an object"),
+    pytest.param({"spec": []}, "invalid pod spec: not an object", id="spec not an object"),
     pytest.param({"spec": {"containers": "x"}}, "spec.containers: not a list", id="containers not a list"),
     pytest.param({"spec": {"containers": [1]}}, "spec.containers[0]: not an object", id="a container not an object"),
     pytest.param(pod([container("a", {SHARED: "0.5"})]), "0.5", id="a fractional quantity"),

@@ -68,6 +68,31 @@ def test_bad_arguments_exit_2_with_the_reason(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(None, "cannot read --published {path}: No such file", id="a missing file"),
+        pytest.param("x,y\n1,2\n", "invalid --published {path}: missing column 'workload'", id="another layout"),
+        pytest.param(",".join(STUDY_HEADER) + "\npods,01-Random,1.3,42,9," + ",".join(["x"] * 131) + "\n",
+                     "invalid --published {path} row 2: could not convert", id="a value not a number"),
+    ],
+)  # fmt: skip
+def test_a_bad_published_file_is_named_before_any_run(
+    trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str
+) -> None:
+    path = tmp_path / "published.csv"
+    if content is not None:
+        path.write_text(content)
+    pods, nodes = trace
+    rc = main(["--pods", str(pods), "--nodes", str(nodes), "--policy", "random", "--seeds", "1",
+               "--published", str(path), "--csv", str(tmp_path / "r.csv"), "--plot", str(tmp_path / "p.png")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message.format(path=path) in err
+    assert "seed 42" not in err  # refused before the runs, not after them
+    assert not (tmp_path / "r.csv").exists()
+
+
 def test_published_means_are_built_in_for_the_default_trace() -> None:
     published = reporting.load_published("openb_pod_list_default")
     assert set(published) == {"random", "dotprod", "clustering", "packing", "bestfit", "fgd"}

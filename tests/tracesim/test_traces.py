@@ -53,6 +53,10 @@ def test_pod_lists_without_a_gpu_spec_column_load(write: Callable[[str, str], Pa
     [
         pytest.param("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,lots,10,1,500\n", "invalid cpu_milli 'lots'", id="bad number"),
         pytest.param("name,memory_mib,num_gpu,gpu_milli\np1,10,1,500\n", "missing column 'cpu_milli'", id="missing column"),
+        pytest.param("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nzz,lots,10,1,500\naa,1,10,1,500\n",
+                     "invalid cpu_milli 'lots' in .*p.csv row 2$", id="the row named is the file's, not the sorted one"),
+        pytest.param("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,10,1,inf\n", "invalid gpu_milli 'inf'",
+                     id="an infinite number"),
         pytest.param("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n", "no pods in", id="empty list"),
         pytest.param(
             "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,10,2,500\n",
@@ -71,6 +75,13 @@ def test_bad_pod_lists_are_rejected_with_the_reason(
 def test_nodes_with_more_than_eight_gpus_are_rejected(write: Callable[[str, str], Path]) -> None:
     with pytest.raises(TraceError, match="invalid gpu count 16"):
         traces.load_nodes(write("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn1,1000,10,16,A100\n"))
+
+
+def test_a_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "binary.csv"
+    path.write_bytes(b"name,cpu\n\xff\xfe\x00")
+    with pytest.raises(TraceError, match="cannot read trace file .*binary.csv: not UTF-8"):
+        traces.load_nodes(path)
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
