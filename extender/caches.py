@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -298,12 +298,52 @@ class ClusterView:
         return sum(1 for s in self.scorers.values() if s.fresh_until <= now)
 
     def fresh_scorer(self, name: str) -> WireScorer | None:
-        """The node's scorer if its state is usable and fresh (not for the hot loops, which
+        """The node's scorer if its state is usable and fresh (the per-request loops above
         inline this with one clock read per request)."""
         scorer = self.scorers.get(name)
         if scorer is None or scorer.fresh_until <= self.wall_clock():
             return None
         return scorer
+
+    def filter_nodes(
+        self, names: Sequence[str], request: PodRequest
+    ) -> tuple[list[int], dict[str, str], dict[str, str]]:
+        """Which of `names` can host `request`: (indexes of survivors, node -> why it cannot,
+        node -> why it never can). Unknown or stale nodes pass: correctness is the kubelet's."""
+        scorers = self.scorers
+        now = self.wall_clock()  # one clock read per request; per node a float comparison
+        survivors: list[int] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for i, name in enumerate(names):
+            scorer = scorers.get(name)
+            if scorer is None or scorer.fresh_until <= now:
+                survivors.append(i)
+                continue
+            s = scorer.verdict(request)
+            if s.feasible:
+                survivors.append(i)
+            elif s.unresolvable:
+                unresolvable[name] = s.reason
+            else:
+                failed[name] = s.reason
+        return survivors, failed, unresolvable
+
+    def host_priorities(self, names: Sequence[str], request: PodRequest) -> list[bytes]:
+        """Each node's wire-encoded HostPriority; unknown or stale nodes get the lowest score."""
+        scorers = self.scorers
+        now = self.wall_clock()
+        unknown = scoring.UNKNOWN_NODE.score
+        host_priority = protocol.host_priority
+        parts: list[bytes] = []
+        append = parts.append
+        for name in names:
+            scorer = scorers.get(name)
+            if scorer is None or scorer.fresh_until <= now:
+                append(host_priority(name, unknown))
+            else:
+                append(scorer.host_priority(request))
+        return parts
 
     def delete_state(self, obj: Any) -> None:
         if isinstance(obj, Mapping):

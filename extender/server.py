@@ -17,7 +17,6 @@ from aiohttp import web
 from common import podrequests
 from common.errors import RequestError
 from common.podrequests import PodRequest
-from common.scoring import UNKNOWN_NODE
 from extender import protocol
 from extender.binding import Binder, BindError
 from extender.caches import ClusterView
@@ -130,25 +129,12 @@ class Extender:
             return self._json(protocol.encode_filter(args, everyone, {}, {}, args.pod_error))
         if pod.empty:
             return self._json(protocol.encode_filter(args, everyone, {}, {}))
-        scorers = self.view.scorers
-        now = self.view.wall_clock()  # one clock read; per node a float comparison
-        survivors: list[int] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        for i, name in enumerate(args.node_names):
-            scorer = scorers.get(name)
-            if scorer is None or scorer.fresh_until <= now:
-                # Unknown or stale: pass through, correctness is the kubelet's.
-                survivors.append(i)
-                continue
-            s = scorer.verdict(pod)
-            if s.feasible:
-                survivors.append(i)
-            elif s.unresolvable:
-                unresolvable[name] = FAILED_PREFIX + s.reason
-            else:
-                failed[name] = FAILED_PREFIX + s.reason
-        return self._json(protocol.encode_filter(args, survivors, failed, unresolvable))
+        survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod)
+        return self._json(protocol.encode_filter(
+            args, survivors,
+            {n: FAILED_PREFIX + r for n, r in failed.items()},
+            {n: FAILED_PREFIX + r for n, r in unresolvable.items()},
+        ))  # fmt: skip
 
     async def prioritize(self, request: web.Request) -> web.Response:
         try:
@@ -159,19 +145,7 @@ class Extender:
         names = args.node_names
         if pod is None or pod.empty:
             return self._json(protocol.encode_priorities(names, [0] * len(names)))
-        scorers = self.view.scorers
-        now = self.view.wall_clock()
-        unknown = UNKNOWN_NODE.score
-        host_priority = protocol.host_priority
-        parts: list[bytes] = []
-        append = parts.append
-        for name in names:
-            scorer = scorers.get(name)
-            if scorer is None or scorer.fresh_until <= now:  # unknown or stale: lowest score
-                append(host_priority(name, unknown))
-            else:
-                append(scorer.host_priority(pod))
-        return self._json(protocol.join_priorities(parts))
+        return self._json(protocol.join_priorities(self.view.host_priorities(names, pod)))
 
     async def bind(self, request: web.Request) -> web.Response:
         try:
