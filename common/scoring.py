@@ -74,7 +74,7 @@ from common.state import GpuState, NodeState, ResourceState
 MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
 # The extender's filter passes this many of the best feasible nodes (`best_tier`); 0: all.
-DEFAULT_TIER_WIDTH = 1
+DEFAULT_TIER_WIDTH = 0
 
 W_REUSE = 0.6
 W_GPU_USE = 0.3
@@ -83,6 +83,7 @@ W_FIT = 0.1
 Placement = Mapping[str, tuple[str, ...]]  # resource -> physical GPU keys, one per device
 AnyNodePolicy = Policy | NodePolicy  # a Policy ranks as the NodePolicy of the same name
 _EMPTY: Placement = MappingProxyType({})
+_ALL_ADMITTED = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
 T = TypeVar("T", int, str)  # a stable node order: its position, or its name
 
 
@@ -183,7 +184,7 @@ def score_node(
     node_policy: AnyNodePolicy,
     *,
     workload: fragmentation.TypicalWorkload | None = None,
-    admitted: tuple[int, int] = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED),
+    admitted: tuple[int, int] = _ALL_ADMITTED,
     directed: bool = False,
 ) -> NodeScore:
     """Predict the pod's placement on this node and score the node under `node_policy`.
@@ -194,6 +195,10 @@ def score_node(
     scores the placement the extender would choose and direct the agent to (for a share on
     one replicated GPU, the GPU with the best `placement_rank`), not the agent's own."""
     if request.empty:
+        if node_policy == NodePolicy.FRAGAWARE and admitted != _ALL_ADMITTED:
+            # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
+            measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+            return _fragaware(state, _EMPTY, measure, admitted)
         return NO_REQUEST
     for name, total in request.totals:
         res = state.resource(name)

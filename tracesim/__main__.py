@@ -9,6 +9,7 @@ writes `tracesim-results.csv` (plus `_frag`, `_frag_ratio`, `_free_gpus` and `_f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         help="kube model: the GPUs the extender chose, not the node agent's own choice (directed allocation)",
     )
     p.add_argument(
+        "--extender-pods",
+        choices=("gpu", "all"),
+        default=None,
+        help="kube model: which pods reach the extender: gpu (those requesting a managed resource, "
+        "as the scheduler configuration lists them) or all (a configuration without managedResources)",
+    )
+    p.add_argument(
         "--scheduler-config",
         type=Path,
         help="kube model: KubeSchedulerConfiguration of the sharepack pipeline (default: built in, "
@@ -77,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--published", type=Path, help="the study's cached results CSV to compare with (default: built-in means)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
+
+
+def kube_config(config: kubescheduler.SchedulerConfig, extender_pods: str | None) -> kubescheduler.SchedulerConfig:
+    if extender_pods is None:
+        return config
+    return dataclasses.replace(config, extender_all_pods=extender_pods == "all")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = kubescheduler.SHAREPACK
         if args.scheduler_config is not None:
             config = kubescheduler.load_config(args.scheduler_config)
-        kube = policies.KubeOptions(config, args.filter_tier_width, args.directed)
+        kube = policies.KubeOptions(kube_config(config, args.extender_pods), args.filter_tier_width, args.directed)
         model = None if args.scheduler_model is None else policies.SchedulerModel(args.scheduler_model)
         specs = running.default_specs(names, args.share_model, args.replicas, model, kube)
         pods = traces.load_pods(args.pods)
@@ -120,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(reporting.table(summaries))
         print()
         print(reporting.failures_table(results))
+        baselines = [b for b in policies.KUBE_BASELINES if b in results]
+        if baselines and len(results) > len(baselines):
+            print()
+            print(reporting.paired_table(results, baselines))
         all_runs = [run for runs in results.values() for run in runs]
         written = reporting.write_csvs(args.csv, workload, all_runs)
         curves = {label: np.nanmean([r.binned.allocation for r in runs], axis=0) for label, runs in results.items()}

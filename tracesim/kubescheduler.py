@@ -68,6 +68,9 @@ class SchedulerConfig:
     balanced_resources: tuple[tuple[str, int], ...] = DEFAULT_RESOURCES
     balanced_weight: int = 1
     extender_weight: int | None = None  # None: no extender
+    # The extender's `managedResources`: when listed, only pods requesting one reach it (GPU
+    # pods); without them every pod does, CPU-only pods included.
+    extender_all_pods: bool = False
 
 
 def _weights(profile: Mapping[str, Any], source: str) -> dict[str, int]:
@@ -132,7 +135,7 @@ def parse_config(text: str, source: str) -> SchedulerConfig:
             fit_resources = _resources(scoring_strategy.get("resources"), source, FIT)
         elif item.get("name") == BALANCED:
             balanced_resources = _resources(args.get("resources"), source, BALANCED)
-    extender_weight = None
+    extender_weight, all_pods = None, False
     extenders = doc.get("extenders") or []
     if len(extenders) > 1:
         raise PolicyError(f"invalid {source}: {len(extenders)} extenders: the model has one")
@@ -140,7 +143,10 @@ def parse_config(text: str, source: str) -> SchedulerConfig:
         extender_weight = extenders[0].get("weight")
         if not isinstance(extender_weight, int) or extender_weight <= 0:
             raise PolicyError(f"invalid {source}: extender weight {extender_weight!r}: want a positive integer")
-    return SchedulerConfig(strategy, fit_resources, weights[FIT], balanced_resources, weights[BALANCED], extender_weight)
+        all_pods = not extenders[0].get("managedResources")
+    return SchedulerConfig(
+        strategy, fit_resources, weights[FIT], balanced_resources, weights[BALANCED], extender_weight, all_pods
+    )
 
 
 def load_config(path: Path) -> SchedulerConfig:
@@ -162,6 +168,7 @@ profiles:
 extenders:
 - prioritizeVerb: prioritize
   weight: 5
+  managedResources: [{name: nvidia.com/gpu}, {name: nvidia.com/gpu.shared}]
 """,
     "built-in sharepack configuration",
 )
@@ -329,7 +336,7 @@ class KubeScheduler:
     def __call__(self, cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
         extra = np.zeros(len(idx), dtype=np.int64)
         verdicts: Verdicts | None = None
-        if self.extender is not None and req.num_gpu > 0:
+        if self.extender is not None and (req.num_gpu > 0 or self.config.extender_all_pods):
             verdicts = self.extender.verdicts(cluster, req, idx)
             ok = np.flatnonzero(verdicts.feasible)
             if not len(ok):

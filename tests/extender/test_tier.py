@@ -54,8 +54,8 @@ def test_an_unknown_node_passes_when_no_known_node_can_take_the_pod() -> None:
 
 
 def test_the_tier_width_is_a_flag_and_rejects_negative_values(capsys: pytest.CaptureFixture[str]) -> None:
-    assert parse_args([]).filter_tier_width == 1
-    assert parse_args(["--filter-tier-width", "0"]).filter_tier_width == 0
+    assert parse_args([]).filter_tier_width == 0  # off: what the deployed configuration wants
+    assert parse_args(["--filter-tier-width", "3"]).filter_tier_width == 3
     with pytest.raises(SystemExit):
         parse_args(["--filter-tier-width", "-1"])
     assert "invalid --filter-tier-width option: -1" in capsys.readouterr().err
