@@ -222,9 +222,8 @@ def score_node(
 
     if node_policy == NodePolicy.FRAGAWARE:
         measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        if directed:
-            placement = _directed_share(state, request, measure, admitted) or placement
-        return _fragaware(state, placement, measure, admitted)
+        chosen = _directed_share(state, request, measure, admitted) if directed else None
+        return _fragaware(state, chosen or placement, measure, admitted)
     used_before = {g.key for r in state.resources for g in r.gpus if g.allocated > 0}
     all_gpus = {g.key for r in state.resources for g in r.gpus}
     devices = 0

@@ -124,7 +124,9 @@ def parse_config(text: str, source: str) -> SchedulerConfig:
     profiles = doc.get("profiles") or [{}]
     profile = profiles[0]
     weights = _weights(profile, source)
-    strategy, fit_resources, balanced_resources = "LeastAllocated", DEFAULT_RESOURCES, DEFAULT_RESOURCES
+    strategy = "LeastAllocated"
+    fit_resources: tuple[tuple[str, int], ...] = DEFAULT_RESOURCES
+    balanced_resources: tuple[tuple[str, int], ...] = DEFAULT_RESOURCES
     for item in profile.get("pluginConfig") or []:
         args = item.get("args") or {}
         if item.get("name") == FIT:

@@ -98,5 +98,5 @@ def resolve(
         return PolicySpec(name, baselines.BASELINES[name])
     if name == fragaware.NAME:
         return PolicySpec(name, fragaware.FragAwareScorer())
-    scorer = sharing.shared_scorer(name, model, replicas)
-    return PolicySpec(name, scorer, replicas if model is ShareModel.REPLICAS else None)
+    shared = sharing.shared_scorer(name, model, replicas)
+    return PolicySpec(name, shared, replicas if model is ShareModel.REPLICAS else None)

@@ -32,7 +32,7 @@ from common import fragmentation, scoring
 from common.podrequests import ContainerKind, ContainerRequest, PodRequest
 from common.policies import MigStrategy, NodePolicy, Policy, Sharing
 from common.state import GpuState, NodeState, ResourceState
-from tracesim.baselines import Choice, Scorer, best_fit_gpu, pick_top
+from tracesim.baselines import Choice, best_fit_gpu, pick_top
 from tracesim.clusters import MAX_GPUS, Cluster, Request
 from tracesim.errors import PolicyError
 from tracesim import fragaware
