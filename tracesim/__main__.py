@@ -134,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(reporting.table(summaries))
         print()
         print(reporting.failures_table(results))
-        baselines = [b for b in policies.KUBE_BASELINES if b in results]
+        # Paired against what users have without us (kube model), or against FGD (study model).
+        baselines = [b for b in policies.KUBE_BASELINES if b in results] or [b for b in ("fgd",) if b in results]
         if baselines and len(results) > len(baselines):
             print()
             print(reporting.paired_table(results, baselines))
