@@ -21,7 +21,9 @@ trace simulator and the extender call the same code.
 
 Callers that know more about a node than its GPUs (CPU left, GPU model) pass `admitted`: a
 bit mask over the workload's shapes, bit i set when the node could run shape i apart from GPU
-room. The default admits every shape.
+room. The default admits every shape. Shapes may carry CPU and memory (`Shape.cpu`, `.memory`):
+`Fragmentation.admitted(cpu_left, memory_left)` is the mask of the shapes a node's CPU and
+memory still admit, so GPUs a node can no longer use for lack of CPU count as fragment.
 """
 
 from __future__ import annotations

@@ -44,6 +44,15 @@ workload, per-GPU free share = free / total) before minus after, as
 `round_half_up(10 x sigmoid(gradient / 100))`, so 5 is "no change" and nodes where the pod
 closes a fragment rank above nodes where it opens one.
 
+Fine rank and tier
+------------------
+`NodeScore.rank` is the policy's value before the rounding to 0..10 (`packed` and its reverse
+as above; `fragaware`'s `placement_rank`). kube-scheduler adds its own scores to ours and picks
+at random among the best totals, so 11 levels cannot choose a node on a large cluster; the
+extender's tier filter can: `best_tier` keeps the N best by rank, ties by a stable node order
+(the extender: names; the simulator: its node order). `fragaware` with `directed` scores the
+single-GPU placement it would direct the agent to (`_directed_share`), as FGD chooses a GPU.
+
 The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
 filling nodes over opening new ones, then tight fit. Nodes without a published state are
 unknown: they pass the filter and score 0 (the lowest), so they are chosen only when nothing
