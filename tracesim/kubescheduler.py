@@ -344,6 +344,10 @@ class KubeScheduler:
             if not len(ok):
                 return Choice(-1, [])
             if 0 < self.tier_width < len(ok):
+                # Only nodes ranked at least the tier's last can be in it: the rule sees those.
+                ranks = verdicts.rank[ok]
+                floor = np.partition(ranks, len(ranks) - self.tier_width)[len(ranks) - self.tier_width]
+                ok = ok[ranks >= floor]
                 entries = list(zip(verdicts.rank[ok].tolist(), cluster.rank[idx[ok]].tolist(), strict=True))
                 ok = ok[scoring.best_tier(entries, self.tier_width)]
             if len(ok) < len(idx):

@@ -219,13 +219,19 @@ class SharedScorer:
         """Each node's verdict; nodes alike (same GPU counts, same admitted shapes) share one."""
         request = pod_request(req, self.model, self.replicas)
         alloc = self.allocated(cluster, idx)
-        keys = np.stack([self._signature(alloc), self._admitted_class(cluster, req, idx)], axis=1)
-        uniq, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        sig, cls = self._signature(alloc), self._admitted_class(cluster, req, idx)
+        span = int(cls.max()) + 1 if len(cls) else 1
+        if len(sig) and int(sig.max()) < (1 << 62) // span:
+            # One int64 key per node (much faster to unique than rows), split again below.
+            uniq_keys, first, inverse = np.unique(sig * span + cls, return_index=True, return_inverse=True)
+            uniq = np.stack([uniq_keys // span, uniq_keys % span], axis=1)
+        else:
+            uniq, first, inverse = np.unique(np.stack([sig, cls], axis=1), axis=0, return_index=True, return_inverse=True)
         memo = self._memo
         shape = request.shape
         out = []
-        for (sig, cls), i in zip(uniq.tolist(), first.tolist(), strict=True):
-            key = (sig, cls, shape)
+        for (sig_u, cls_u), i in zip(uniq.tolist(), first.tolist(), strict=True):
+            key = (sig_u, cls_u, shape)
             hit = memo.get(key)
             if hit is None:
                 hit = memo[key] = self._score(alloc[i], request, self._admitted(cluster, req, int(idx[i])))
