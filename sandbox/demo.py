@@ -21,7 +21,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -159,7 +159,11 @@ class Sandbox:
     def __init__(
         self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path,
         *, control_plane: str = IN_PROCESS, extender_replicas: int = 1, agent_args: Sequence[str] = (),
+        node_labels: Mapping[str, str] | None = None,
+        before_nodes: Callable[[Sandbox], Awaitable[None]] | None = None,
     ) -> None:  # fmt: skip
+        """`agent_args`, `node_labels`: for every node; `before_nodes`: runs once the control
+        plane is up, before any node or agent starts (objects the agents read at start)."""
         if control_plane not in CONTROL_PLANES:
             raise DemoError(f"invalid control plane: {control_plane} (choose from {', '.join(CONTROL_PLANES)})")
         self.policy = policy
@@ -167,6 +171,8 @@ class Sandbox:
         self.root = root
         self.control_plane = control_plane
         self.agent_args = tuple(agent_args)
+        self.node_labels = dict(node_labels or {})
+        self._before_nodes = before_nodes
         self.api_server = FakeApiServer()
         self.real: RealControlPlane | None = None
         self.kubeconfig = root / "kubeconfig"
@@ -229,10 +235,12 @@ class Sandbox:
         (self.root / "agent-config.yaml").write_text(agent_config(self.workload.replicas))
         self.api: Any = controlplane.api_client(self.kubeconfig)
         self._stack.callback(self.api.close)
+        if self._before_nodes is not None:
+            await self._before_nodes(self)
 
         for i, spec in enumerate(self.node_specs):
             spec = NodeSpec(
-                spec.name, spec.machine, spec.config_file,
+                spec.name, spec.machine, spec.config_file, labels=self.node_labels,
                 extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}", *self.agent_args),
             )  # fmt: skip
             node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))

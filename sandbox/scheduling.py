@@ -188,7 +188,11 @@ class SchedulerDriver:
                     continue
                 try:
                     decision = await self.schedule(meta.namespace, meta.name)
-                except (kubernetes.client.ApiException, SchedulingError) as e:
+                except kubernetes.client.ApiException as e:
+                    if e.status != 404:  # 404: deleted since the list
+                        log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e.reason)
+                    continue
+                except SchedulingError as e:
                     log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e)
                     continue
                 await self._record(pod, decision)
