@@ -34,6 +34,7 @@ import yaml
 from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
+from sandbox import certificates
 from sandbox.apiserver import FakeApiServer
 from sandbox.nodes import NodeSpec, NodeStartError, SimulatedNode
 from sandbox.processes import LoggedProcess
@@ -197,23 +198,27 @@ class Sandbox:
             raise DemoError(str(failed.exceptions[0])) from None
 
         port = free_port()
-        self.extender_url = f"http://127.0.0.1:{port}"
+        # Mutual TLS, as deployed: the extender answers only clients with this CA's certificate.
+        self.tls = certificates.write_tls_files(self.root / "tls")
+        client_tls = self.tls.client_context()
+        self.extender_url = f"https://127.0.0.1:{port}"
         self.extender = LoggedProcess(
             [
                 sys.executable, "-m", "extender",
                 f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
-                f"--kubeconfig={self.kubeconfig}", "--log-format=text",
+                f"--kubeconfig={self.kubeconfig}", "--log-format=text", *self.tls.extender_args(),
             ],
             self.root / "extender.log",
         )  # fmt: skip
         await self.extender.start()
         self._stack.push_async_callback(self.extender.stop)
-        self.session = aiohttp.ClientSession()
+        # Every call this session makes to the extender presents the scheduler's certificate.
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls))
         self._stack.push_async_callback(self.session.close)
         await self._wait_ready()
         await self._wait_states_cached()
         self.driver = SchedulerDriver(
-            self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
+            self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False, tls=client_tls), seed=0
         )
 
     async def _wait_ready(self) -> None:
