@@ -205,8 +205,9 @@ def tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None
     """The server's TLS context, requiring a client certificate signed by `client_ca_file` when
     given; raises ValueError naming the files (checked at parse time, so a wrong path is a usage
     error rather than a traceback once the caches start)."""
-    # Not ssl.create_default_context(CLIENT_AUTH): that also trusts the system's CA store for
-    # client certificates, and any certificate a public CA issued would then get in.
+    # A bare server context: it trusts no CA until told, so clients are checked against
+    # --client-ca-file alone, never against OpenSSL's default paths (SSL_CERT_FILE, the system
+    # store), where a public CA's certificate would get in.
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
