@@ -150,7 +150,10 @@ class BindGuard:
                 break
             scored.popitem(last=False)
 
-    def __len__(self) -> int:
+    @property
+    def recorded(self) -> int:
+        """Scorings waiting for their bind (a property, not __len__: an empty guard is no
+        less a guard)."""
         return len(self._scored)
 
     # -- the bind check ----------------------------------------------------------------------

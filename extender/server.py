@@ -45,7 +45,7 @@ class Extender:
     ) -> None:
         self.view = view
         self.binder = binder
-        self.guard = guard or BindGuard(view, managed=managed)
+        self.guard = guard if guard is not None else BindGuard(view, managed=managed)
         self.metrics = metrics or view.metrics
         self.ready = ready
         self.url_prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""

@@ -194,7 +194,7 @@ async def test_a_node_never_offered_is_refused() -> None:
 async def test_a_filter_that_kept_no_node_records_nothing() -> None:
     guard = BindGuard(make_view())
     assert filtered(guard, pod_doc(replicas=7), names=("node-used", "node-full")) == []
-    assert len(guard) == 0
+    assert guard.recorded == 0
     assert (await refusal(guard, binding(), pod_doc(replicas=7))).rule is Rule.NOT_SCORED
 
 
@@ -225,7 +225,7 @@ async def test_the_oldest_scoring_goes_first_past_the_capacity() -> None:
     guard = BindGuard(make_view(), capacity=2)
     for uid in ("a", "b", "c"):
         filtered(guard, pod_doc(uid=uid))
-    assert len(guard) == 2
+    assert guard.recorded == 2
     assert (await refusal(guard, binding(uid="a"), pod_doc(uid="a"))).rule is Rule.NOT_SCORED
     assert isinstance(await guard.admit(binding(uid="c"), reader(pod_doc(uid="c"))), Admitted)
 
