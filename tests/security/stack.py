@@ -162,13 +162,13 @@ def client_context(ca: Path, cert: TlsFiles | None, version: ssl.TLSVersion) -> 
     return ctx
 
 
-def tls_exchange(port: int, ctx: ssl.SSLContext, request: bytes) -> tuple[str, bytes]:
+def tls_exchange(port: int, ctx: ssl.SSLContext, request: bytes, *, server_hostname: str = "localhost") -> tuple[str, bytes]:
     """Handshake, send `request`, read the reply. Returns ("handshake", b"") when the handshake
     failed, else ("reply", every byte the server sent before closing; b"" when it closed at once
     or the connection ended in a TLS error)."""
     with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as raw:
         try:
-            conn = ctx.wrap_socket(raw, server_hostname="localhost")
+            conn = ctx.wrap_socket(raw, server_hostname=server_hostname)
         except (ssl.SSLError, ConnectionError):
             return "handshake", b""
         with conn:
