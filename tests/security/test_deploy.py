@@ -173,3 +173,56 @@ def test_the_cidr_patch_opens_the_verbs_to_exactly_the_named_addresses() -> None
     peers = admitted(policy(docs, "sharepack-extender"), 8888)
     assert peers is not None and [p["ipBlock"]["cidr"] for p in peers] == named
     assert admitted(policy(docs, "sharepack-agent"), 8888) == []
+
+
+# --- what each service account and container may do -------------------------------------------------
+
+
+def granted(account: str) -> dict[str, set[str]]:
+    """`resource` (or `resource/subresource`, `group:resource`) -> verbs, over every role bound to
+    the service account in deploy/base."""
+    docs = [d for p in (DEPLOY / "base").rglob("*.yaml") if p.name != "kustomization.yaml" for d in documents(p)]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    out: dict[str, set[str]] = {}
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == account for s in binding["subjects"]):
+            continue
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    key = f"{group}:{resource}" if group else resource
+                    out.setdefault(key, set()).update(rule["verbs"])
+    return out
+
+
+def test_the_extender_may_read_states_and_pods_and_create_bindings_nothing_else() -> None:
+    assert granted("sharepack-extender") == {
+        "sharepack.io:nodegpustates": {"get", "list", "watch"},
+        "pods": {"get", "list", "watch"},
+        "pods/binding": {"create"},
+    }
+
+
+def test_the_agent_may_not_bind_write_pods_or_read_secrets() -> None:
+    rights = granted("sharepack-agent")
+    assert rights["pods"] == {"get", "list", "watch"} and rights["nodes"] == {"get", "list", "watch"}
+    assert not {"pods/binding", "secrets", "pods/exec", "nodes/proxy"} & set(rights)
+    assert all("*" not in verbs and "delete" not in verbs for verbs in rights.values())
+    # Its writes: NodeGpuState objects (narrowed to its own node by the admission policy) and Events.
+    writers = {r for r, verbs in rights.items() if verbs & {"create", "update", "patch"}}
+    assert writers == {"sharepack.io:nodegpustates", "sharepack.io:nodegpustates/status", "events", "events.k8s.io:events"}
+
+
+def test_the_agent_runs_as_root_without_capabilities_and_sees_two_host_directories() -> None:
+    (daemonset,) = documents(DEPLOY / "base" / "agent" / "daemonset.yaml")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert (sc["runAsUser"], sc["privileged"], sc["allowPrivilegeEscalation"], sc["readOnlyRootFilesystem"]) == (
+        0, False, False, True,
+    )  # fmt: skip
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
+    assert host_paths == ["/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"]
