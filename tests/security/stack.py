@@ -29,7 +29,7 @@ from common.state import GpuState, NodeState, ResourceState
 from sandbox import apiserver_resources as kinds
 from sandbox.apiserver import FakeApiServer
 from sandbox.certificates import TlsFiles, write_tls_files
-from sandbox.demo import free_port
+from sandbox.controlplane import free_port
 from sandbox.processes import LoggedProcess
 
 SHARED = "nvidia.com/gpu.shared"
@@ -97,13 +97,18 @@ async def metrics(ext: Extender) -> dict[str, float]:
         return out
 
 
+async def ready(ext: Extender) -> bool:
+    async with aiohttp.ClientSession() as http, http.get(f"{ext.probes_url}/readyz") as resp:
+        return resp.status == 200
+
+
 async def wait_caches(ext: Extender, nodes: int) -> None:
-    """Ready, and every node's state is in the extender's cache."""
+    """Ready (both informers listed), and every node's state is in the extender's cache."""
     deadline = time.monotonic() + WAIT_S
     while True:
         assert not ext.process.exited, ext.process.log_tail()
         with contextlib.suppress(aiohttp.ClientError):
-            if (await metrics(ext)).get("sharepack_extender_cache_nodes") == nodes:
+            if await ready(ext) and (await metrics(ext)).get("sharepack_extender_cache_nodes") == nodes:
                 return
         assert time.monotonic() < deadline, f"the extender did not cache {nodes} nodes:\n{ext.process.log_tail()}"
         await asyncio.sleep(0.05)
