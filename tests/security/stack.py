@@ -156,6 +156,27 @@ async def stack(root: Path, nodes: dict[str, Sequence[tuple[int, int]]], *extra:
 
 # --- raw TLS ------------------------------------------------------------------------------------
 
+SERVED = b"served"
+
+
+@contextlib.asynccontextmanager
+async def tls_server(ctx: ssl.SSLContext) -> AsyncIterator[int]:
+    """A TLS server on 127.0.0.1 that writes `SERVED` to every client that gets past the
+    handshake; yields its port."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(SERVED)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=ctx)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 
 def client_context(ca: Path, cert: TlsFiles | None, version: ssl.TLSVersion) -> ssl.SSLContext:
     """A client trusting `ca`, presenting `cert`'s client certificate (None: none), at exactly

@@ -21,7 +21,7 @@ import yaml
 from cryptography import x509
 
 from extender.__main__ import tls_context
-from tests.security.stack import tls_exchange
+from tests.security.stack import SERVED, tls_exchange, tls_server
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -122,25 +122,15 @@ async def test_the_documented_certificates_let_the_scheduler_in_under_the_servic
         ctx.load_cert_chain(str(tmp_short / f"{cert}.crt"), str(tmp_short / f"{cert}.key"))
         return ctx
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"served")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ctx)
-    try:
-        port = server.sockets[0].getsockname()[1]
+    async with tls_server(server_ctx) as port:
 
         def exchange(ctx: ssl.SSLContext) -> tuple[str, bytes]:
             # Dial 127.0.0.1 but check the certificate for the stanza's host, as kube-scheduler does.
             return tls_exchange(port, ctx, b"hi", server_hostname=host)
 
-        assert await asyncio.to_thread(exchange, client("scheduler")) == ("reply", b"served")
+        assert await asyncio.to_thread(exchange, client("scheduler")) == ("reply", SERVED)
         # The serving certificate is for serving only: as a client certificate it is refused.
         assert await asyncio.to_thread(exchange, client("tls")) == ("handshake", b"")
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 # --- network ------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 
 from extender.__main__ import Options, Service, main, tls_context
 from sandbox.certificates import write_tls_files
-from tests.security.stack import Stack, create_pod, http_request, metrics, node_of, stack, tls_exchange
+from tests.security.stack import SERVED, Stack, create_pod, http_request, metrics, node_of, stack, tls_exchange, tls_server
 from tests.security.stack import client_context as tls_client
 
 pytestmark = pytest.mark.timeout(120)
@@ -97,18 +97,8 @@ async def test_the_system_ca_store_does_not_vouch_for_clients(tmp_short: Path, m
     monkeypatch.setenv("SSL_CERT_FILE", str(theirs.ca_cert))
 
     async def serve(ctx: ssl.SSLContext) -> tuple[str, bytes]:
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.write(b"served")
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=ctx)
-        try:
-            port = server.sockets[0].getsockname()[1]
+        async with tls_server(ctx) as port:
             return await asyncio.to_thread(tls_exchange, port, tls_client(ours.ca_cert, theirs, TLS12), b"hi")
-        finally:
-            server.close()
-            await server.wait_closed()
 
     assert await serve(tls_context(str(ours.server_cert), str(ours.server_key), str(ours.ca_cert))) == ("handshake", b"")
     # What the check guards against: a context that also loads OpenSSL's default paths.
@@ -117,7 +107,7 @@ async def test_the_system_ca_store_does_not_vouch_for_clients(tmp_short: Path, m
     lax.load_verify_locations(cafile=str(ours.ca_cert))
     lax.set_default_verify_paths()
     lax.verify_mode = ssl.CERT_REQUIRED
-    assert await serve(lax) == ("reply", b"served")
+    assert await serve(lax) == ("reply", SERVED)
 
 
 # --- flags ----------------------------------------------------------------------------------------
