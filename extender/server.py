@@ -1,4 +1,5 @@
-"""The extender's HTTP surface: thin handlers (decode -> common.scoring -> encode).
+"""The extender's HTTP surface: thin handlers (decode -> common.scoring -> encode). /bind asks
+`extender.bindguard` first; filter and prioritize tell it which pod they scored.
 
 Status codes are mapped here, in one place: every scheduling outcome (feasible or not, unknown
 nodes, a pod we cannot read) is HTTP 200 with the answer in the body; HTTP 400 means the body
