@@ -1,7 +1,8 @@
 """Issue 15's finding, replayed on the demo's stack (`sandbox.demo.Sandbox`: the API server, a
-simulated node with its agent, the extender as a process): a pod that requests no GPU and whose
-nodeSelector matches no node, then `POST /bind` putting it on node-0. Before: one
-unauthenticated call bound it. Now the call without a certificate gets no answer at all, and
+simulated node with its agent, the extender as a process), on both control planes (the real one,
+with kube-scheduler running the shipped configuration, where it is built): a pod that requests
+no GPU and whose nodeSelector matches no node, then `POST /bind` putting it on node-0. Before:
+one unauthenticated call bound it. Now the call without a certificate gets no answer at all, and
 the same call with the scheduler's own certificate is refused by the bind guard, with the rule;
 the pod stays unbound."""
 
@@ -19,15 +20,20 @@ import kubernetes
 import pytest
 
 from common.policies import Policy
+from sandbox import demo
 from sandbox.demo import Sandbox, Workload
+from tests.conftest import real_binaries
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)  # the real control plane takes a while to start
 
 
-async def test_the_victim_pod_cannot_be_bound_through_the_extender() -> None:
+@pytest.mark.parametrize("control_plane", demo.CONTROL_PLANES)
+async def test_the_victim_pod_cannot_be_bound_through_the_extender(control_plane: str) -> None:
+    if control_plane == demo.REAL:
+        real_binaries()  # or a skip saying why
     root = Path(tempfile.mkdtemp(prefix="sp-victim-", dir="/tmp"))
     try:
-        async with Sandbox(Policy.PACKED, 1, "t4-pcie", Workload(4, ()), root) as box:
+        async with Sandbox(Policy.PACKED, 1, "t4-pcie", Workload(4, ()), root, control_plane=control_plane) as box:
             core: Any = kubernetes.client.CoreV1Api(box.api)
             victim = await asyncio.to_thread(core.create_namespaced_pod, "default", {
                 "metadata": {"name": "victim"},
