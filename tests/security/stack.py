@@ -68,14 +68,14 @@ def node_of(server: FakeApiServer, name: str) -> str:
 
 
 @dataclass
-class Extender:
+class ExtenderProcess:
     process: LoggedProcess
     url: str  # https, the verbs
     probes_url: str  # plain http, --metrics-listen
     port: int
 
 
-async def start_extender(root: Path, kubeconfig: Path, tls: TlsFiles, *extra: str) -> Extender:
+async def start_extender(root: Path, kubeconfig: Path, tls: TlsFiles, *extra: str) -> ExtenderProcess:
     port, probes = free_port(), free_port()
     process = LoggedProcess(
         [sys.executable, "-m", "extender", f"--listen=127.0.0.1:{port}", f"--metrics-listen=127.0.0.1:{probes}",
@@ -83,10 +83,10 @@ async def start_extender(root: Path, kubeconfig: Path, tls: TlsFiles, *extra: st
         root / f"extender-{port}.log",
     )  # fmt: skip
     await process.start()
-    return Extender(process, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{probes}", port)
+    return ExtenderProcess(process, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{probes}", port)
 
 
-async def metrics(ext: Extender) -> dict[str, float]:
+async def metrics(ext: ExtenderProcess) -> dict[str, float]:
     async with aiohttp.ClientSession() as http, http.get(f"{ext.probes_url}/metrics") as resp:
         assert resp.status == 200
         out = {}
@@ -97,12 +97,12 @@ async def metrics(ext: Extender) -> dict[str, float]:
         return out
 
 
-async def ready(ext: Extender) -> bool:
+async def ready(ext: ExtenderProcess) -> bool:
     async with aiohttp.ClientSession() as http, http.get(f"{ext.probes_url}/readyz") as resp:
         return resp.status == 200
 
 
-async def wait_caches(ext: Extender, nodes: int) -> None:
+async def wait_caches(ext: ExtenderProcess, nodes: int) -> None:
     """Ready (both informers listed), and every node's state is in the extender's cache."""
     deadline = time.monotonic() + WAIT_S
     while True:
@@ -122,15 +122,15 @@ class Stack:
     tls: TlsFiles  # the scheduler's CA, serving and client certificates
     stranger: TlsFiles  # the same, from another CA
     scheduler: aiohttp.ClientSession  # presents the scheduler's client certificate
-    extender: Extender
+    extender: ExtenderProcess
 
-    async def post(self, verb: str, body: Any, *, to: Extender | None = None) -> Any:
+    async def post(self, verb: str, body: Any, *, to: ExtenderProcess | None = None) -> Any:
         url = f"{(to or self.extender).url}/{verb}"
         async with self.scheduler.post(url, data=orjson.dumps(body)) as resp:
             assert resp.status == 200, await resp.text()
             return orjson.loads(await resp.read())
 
-    async def bind(self, pod: dict[str, Any], node: str, *, to: Extender | None = None) -> str:
+    async def bind(self, pod: dict[str, Any], node: str, *, to: ExtenderProcess | None = None) -> str:
         meta = pod["metadata"]
         reply = await self.post("bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"],
                                          "PodUID": meta["uid"], "Node": node}, to=to)  # fmt: skip
