@@ -57,6 +57,7 @@ class Metrics:
         self.latency: dict[str, Histogram] = {}
         self.predictions: dict[str, int] = {"match": 0, "mismatch": 0}
         self.binds: dict[str, int] = {"success": 0, "error": 0}
+        self.bind_refusals: dict[str, int] = {}  # bindguard rule -> count
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
 
     def observe(self, verb: str, code: int, seconds: float) -> None:
@@ -69,6 +70,9 @@ class Metrics:
 
     def prediction(self, match: bool) -> None:
         self.predictions["match" if match else "mismatch"] += 1
+
+    def bind_refused(self, rule: str) -> None:
+        self.bind_refusals[rule] = self.bind_refusals.get(rule, 0) + 1
 
     def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         self.gauges[name] = (help_text, read)
@@ -105,6 +109,10 @@ class Metrics:
         head("sharepack_extender_binds_total", "counter", "Bindings created by /bind, by result.")
         for result, n in self.binds.items():
             lines.append(f"sharepack_extender_binds_total{_labels({'result': result})} {n}")
+        name = "sharepack_extender_bind_refusals_total"
+        head(name, "counter", "/bind requests refused, by the rule that failed (docs/security.md).")
+        for rule, n in sorted(self.bind_refusals.items()):
+            lines.append(f"{name}{_labels({'rule': rule})} {n}")
         for gname, (help_text, read) in sorted(self.gauges.items()):
             head(gname, "gauge", help_text)
             lines.append(f"{gname} {_num(float(read()))}")

@@ -120,6 +120,9 @@ def scheduler_config(
         if tls is not None:
             extender["enableHTTPS"] = True
             extender["tlsConfig"] = {**(extender.get("tlsConfig") or {}), **tls}
+        else:  # an extender serving plain HTTP: the shipped certificate paths exist on no host here
+            extender["enableHTTPS"] = False
+            extender.pop("tlsConfig", None)
     return doc
 
 

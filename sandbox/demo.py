@@ -33,7 +33,7 @@ import yaml
 from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
-from sandbox import controlplane, kubebuild
+from sandbox import certificates, controlplane, kubebuild
 from sandbox.apiserver import FakeApiServer
 from sandbox.controlplane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sandbox.identities import Identities
@@ -146,7 +146,7 @@ class ExtenderReplica:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://127.0.0.1:{self.port}"
 
 
 class Sandbox:
@@ -257,7 +257,11 @@ class Sandbox:
             raise DemoError(str(failed.exceptions[0])) from None
 
         self.extender_kubeconfig = await self.identities.extender_kubeconfig() if self.real else self.kubeconfig
-        self.session = aiohttp.ClientSession()
+        # Mutual TLS, as deployed: the extender answers only clients with this CA's certificate.
+        self.tls = certificates.write_tls_files(self.root / "tls")
+        client_tls = self.tls.client_context()
+        # Every call this session makes to the extender presents the scheduler's certificate.
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls))
         self._stack.push_async_callback(self.session.close)
         for i in range(self.extender_replicas):
             self.replicas.append(await self.start_extender(i))
@@ -266,15 +270,15 @@ class Sandbox:
             proxy = RoundRobinProxy([("127.0.0.1", r.port) for r in self.replicas])
             await proxy.start()
             self._stack.push_async_callback(proxy.stop)
-            self.extender_url = f"http://127.0.0.1:{proxy.port}"
+            self.extender_url = f"https://127.0.0.1:{proxy.port}"  # TLS passes through the proxy
         else:
             self.extender_url = self.replicas[0].url
         self.driver = SchedulerDriver(
-            self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
+            self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False, tls=client_tls), seed=0
         )
         if self.real is not None:
             try:
-                await self.real.start_scheduler(self.extender_url)
+                await self.real.start_scheduler(self.extender_url, tls=self.tls.scheduler_tls_config())
             except ControlPlaneUnavailable as e:
                 raise DemoError(str(e)) from None
 
@@ -286,7 +290,7 @@ class Sandbox:
             [
                 sys.executable, "-m", "extender",
                 f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
-                f"--kubeconfig={self.extender_kubeconfig}", "--log-format=text",
+                f"--kubeconfig={self.extender_kubeconfig}", "--log-format=text", *self.tls.extender_args(),
             ],
             self.root / ("extender.log" if index == 0 else f"extender-{index}.log"),
         )  # fmt: skip

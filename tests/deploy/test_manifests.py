@@ -82,7 +82,7 @@ KUBECTL = shutil.which("kubectl")
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
-@pytest.mark.parametrize("target", ["base", "overlays/time-slicing", "overlays/mig"])
+@pytest.mark.parametrize("target", ["base", "overlays/time-slicing", "overlays/mig", "overlays/scheduler-cidrs"])
 def test_kustomize_builds_valid_manifests(target: str) -> None:
     assert KUBECTL is not None
     built = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
@@ -165,9 +165,14 @@ def test_extender_port_probes_service_and_scheduler_config_agree() -> None:
     assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {
         "/readyz", "/healthz",
     }  # fmt: skip
+    # The probes cannot present a client certificate: they use the plain --metrics-listen port.
+    probes = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--metrics-listen="))
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert named[container[probe]["httpGet"]["port"]] == int(probes.rsplit(":", 1)[1])
     sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
     ext = sched["extenders"][0]
-    assert ext["urlPrefix"] == f"http://sharepack-extender.sharepack-system.svc:{port}"
+    assert ext["urlPrefix"] == f"https://sharepack-extender.sharepack-system.svc:{port}"
     assert ext["nodeCacheCapable"] is True and sched["percentageOfNodesToScore"] == 100
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
 
