@@ -40,9 +40,7 @@ log = logging.getLogger("extender")
 DEFAULT_LISTEN = "0.0.0.0:8888"
 DEFAULT_ASSUME_TTL_S = 120.0
 DEFAULT_RESYNC_S = 300.0
-# Three agent heartbeats (--state-heartbeat-seconds, 60 s by default): one lost or late write
-# does not make a live node unknown; a dead agent's node is unknown within three minutes.
-DEFAULT_STATE_MAX_AGE_S = 180.0
+DEFAULT_STATE_MAX_AGE_S = published.STALE_AFTER_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import orjson
@@ -40,7 +39,7 @@ from common.errors import RequestError, StateSchemaError
 from common.podrequests import PodRequest
 from common.policies import NodePolicy, Policy
 from common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
-from common.state import NodeState, from_status
+from common.state import NodeState, from_status, observed_epoch
 from extender import protocol
 from extender.metrics import Metrics
 
@@ -53,19 +52,6 @@ RECENT_REQUESTS = 4096
 # has ~1-2 us per node).
 PRESCORED_SHAPES = 4
 NEVER_STALE = math.inf
-
-
-def observed_epoch(observed_at: str) -> float | None:
-    """`observedAt` (RFC 3339) as POSIX seconds; None when missing or unreadable."""
-    if not observed_at:
-        return None
-    try:
-        when = datetime.fromisoformat(observed_at.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        return None  # a time without a zone cannot be compared with ours
-    return when.timestamp()
 
 
 class WireScorer(NodeScorer):

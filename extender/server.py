@@ -17,7 +17,7 @@ from aiohttp import web
 from common import podrequests
 from common.errors import RequestError
 from common.podrequests import PodRequest
-from extender import protocol
+from extender import explaining, protocol
 from extender.binding import Binder, BindError
 from extender.caches import ClusterView
 from extender.metrics import Metrics
@@ -75,6 +75,7 @@ class Extender:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_post("/explain", self.explain)
         return app
 
     def _timed(self, verb: str, handler: Handler) -> Handler:
@@ -182,6 +183,16 @@ class Extender:
         if pod is not None and not pod.empty:
             self.view.assume(args.pod_uid or pod.uid, args.node, pod)
         return self._json(protocol.encode_binding_result())
+
+    async def explain(self, request: web.Request) -> web.Response:
+        """Read-only: each node's filter verdict and score for the pod (extender/explaining.py)."""
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self.view.relevant(args.request) if args.request is not None else None
+        nodes = explaining.explain(self.view, args.node_names, pod) if pod is not None and not pod.empty else []
+        return self._json(explaining.encode(args, pod, nodes))
 
     # -- health ----------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import aiohttp
 import kubernetes
 import yaml
 
+from common import bars
 from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
@@ -45,8 +46,6 @@ DEFAULT_MACHINE = "t4-pcie"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
 NAMESPACE = "default"
 PUBLISH_TIMEOUT_S = 10.0
-FULL = "\u2588"
-FREE = "\u2591"
 
 
 class DemoError(Exception):
@@ -127,16 +126,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def bar(allocated: int, total: int) -> str:
-    return FULL * allocated + FREE * (total - allocated) + f" {allocated}/{total}"
-
-
 def render_states(states: Sequence[gpustate.NodeState], names: Sequence[str], out: TextIO) -> None:
     for name, st in zip(names, states, strict=True):
-        res = st.resource(SHARED_RESOURCE)
-        gpus = sorted(res.gpus, key=lambda g: int(g.index)) if res else ()
-        cells = "   ".join(f"GPU{g.index} {bar(g.allocated, g.total)}" for g in gpus)
-        print(f"    {name:<8} {cells}", file=out)
+        print("    " + bars.node_line(name, st.resource(SHARED_RESOURCE)), file=out)
 
 
 class Sandbox:

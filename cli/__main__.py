@@ -1,0 +1,121 @@
+"""`sharepack` (and `kubectl sharepack`, the same program under the plugin's name).
+
+    sharepack status [--watch] [-o json] [--kubeconfig FILE]
+    sharepack explain POD [-n NAMESPACE] [--extender-url URL] [-o json]
+
+`status` draws each node's published GPUs (NodeGpuState) with the cluster's totals; `explain`
+shows, for one pod, each node's filter verdict and score from the extender.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from cli import explain, reading, status
+from cli.errors import CliError
+from common import state as gpustate
+
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sharepack", description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    sub = p.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("status", help="every node's GPUs as bars, with whole GPUs free, stranded replicas, stale nodes")
+    st.add_argument("--watch", "-w", action="store_true", help="redraw on every NodeGpuState change")
+    st.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    st.add_argument("--stale-after", type=float, default=gpustate.STALE_AFTER_S, metavar="SECONDS",
+                    help=f"a state older than this is stale (default {gpustate.STALE_AFTER_S:.0f}, the extender's "
+                         "--state-max-age-seconds default); 0: never")  # fmt: skip
+    ex = sub.add_parser("explain", help="each node's filter verdict and score for a pod, from the extender")
+    ex.add_argument("pod", metavar="POD")
+    ex.add_argument("--namespace", "-n", default="default")
+    ex.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    ex.add_argument("--extender-url", default="", help="the extender's base URL (default: through the API server's "
+                    "service proxy to --extender-service in --extender-namespace)")  # fmt: skip
+    ex.add_argument("--extender-namespace", default="sharepack-system")
+    ex.add_argument("--extender-service", default="sharepack-extender")
+    opts = p.parse_args(argv)
+    if opts.command == "status" and opts.stale_after < 0:
+        p.error(f"invalid --stale-after option: {opts.stale_after} (want seconds >= 0)")
+    return opts
+
+
+def _draw_status(nodes: dict[str, reading.PublishedNode], opts: argparse.Namespace, out: TextIO) -> None:
+    rows = status.statuses(nodes, time.time(), opts.stale_after)
+    if opts.output == "json":
+        # One document per line under --watch (JSON lines), so a consumer can read them in turn.
+        indent = None if opts.watch else 2
+        print(json.dumps(status.to_json(rows, opts.stale_after), indent=indent), file=out, flush=True)
+        return
+    if opts.watch and out.isatty():
+        out.write(CLEAR)
+    elif opts.watch:
+        out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    out.write(status.render_text(rows))
+    out.flush()
+
+
+def run_status(api: Any, opts: argparse.Namespace, out: TextIO, *, sleep: Callable[[float], None] = time.sleep) -> int:
+    rv, nodes = reading.list_states(api)
+    _draw_status(nodes, opts, out)
+    if not opts.watch:
+        return 0
+    backoff = 0.5
+    while True:
+        try:
+            for kind, obj in reading.watch_states(api, rv):
+                node = reading.published(obj)
+                if kind == "DELETED":
+                    nodes.pop(node.name, None)
+                else:
+                    nodes[node.name] = node
+                rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
+                _draw_status(nodes, opts, out)
+            # The watch timed out (or our version expired): list again, which also redraws the ages.
+            rv, nodes = reading.list_states(api)
+            _draw_status(nodes, opts, out)
+            backoff = 0.5
+        except CliError as e:
+            print(f"sharepack: {e}; retrying in {backoff:.1f}s", file=sys.stderr, flush=True)
+            sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+def run_explain(api: Any, opts: argparse.Namespace, out: TextIO) -> int:
+    pod = reading.read_pod(api, opts.namespace, opts.pod)
+    body = explain.explain_body(pod, reading.node_names(api))
+    answer = explain.ask(api, explain.Extender(opts.extender_url, opts.extender_namespace, opts.extender_service), body)
+    answer = explain.with_pod_facts(answer, pod)
+    if opts.output == "json":
+        print(json.dumps(answer, indent=2), file=out)
+    else:
+        out.write(explain.render_text(answer))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    try:
+        api = reading.api_client(opts.kubeconfig)
+        try:
+            if opts.command == "status":
+                return run_status(api, opts, sys.stdout)
+            return run_explain(api, opts, sys.stdout)
+        finally:
+            api.close()
+    except CliError as e:
+        print(f"sharepack: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
