@@ -93,7 +93,7 @@ def render_text(answer: dict[str, Any]) -> str:
         return "\n".join(lines) + "\n"
     if bound:
         lines.append(f"(* {bound} already counts this pod, so it is judged with the pod on it)")
-    name_w = max(len("NODE"), *(len(n["node"]) + 2 for n in nodes))
+    name_w = max(len("NODE"), *(len(n["node"]) + (2 if n["node"] == bound else 0) for n in nodes))
     lines.append(f"{'NODE':<{name_w}}  {'FILTER':<12}  SCORE  GPUS        REASON")
     for n in nodes:
         mark = " *" if n["node"] == bound else ""

@@ -95,7 +95,7 @@ def render_text(rows: list[NodeStatus]) -> str:
         if not r.state.resources:
             lines.append(f"{r.name:<{name_w}}  no GPU resources{note}")
         for res in r.state.resources:
-            label = f"{r.name:<{name_w}}  {res.name:<{res_w}}"
+            label = f"{r.name:<{name_w}}  {res.name:<{res_w}} "
             lines.append(bars.node_line(label, res, width=len(label)) + note)
     t = totals(rows)
     lines.append("")
