@@ -94,7 +94,7 @@ def render_text(answer: dict[str, Any]) -> str:
     if bound:
         lines.append(f"(* {bound} already counts this pod, so it is judged with the pod on it)")
     name_w = max(len("NODE"), *(len(n["node"]) + (2 if n["node"] == bound else 0) for n in nodes))
-    lines.append(f"{'NODE':<{name_w}}  {'FILTER':<12}  SCORE  GPUS        REASON")
+    lines.append(f"{'NODE':<{name_w}}  {'FILTER':<12}  SCORE  STATE       REASON")
     for n in nodes:
         mark = " *" if n["node"] == bound else ""
         # kube-scheduler prioritizes only the survivors: a filtered-out node has no score.

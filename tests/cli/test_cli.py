@@ -255,7 +255,7 @@ async def test_explain_a_pending_pod_lists_every_node_best_first(server: FakeApi
     assert code == 0
     lines = text.splitlines()
     assert lines[0] == f"pod default/trainer (pending) requests {SHARED}=3"
-    assert lines[1].split() == ["NODE", "FILTER", "SCORE", "GPUS", "REASON"]
+    assert lines[1].split() == ["NODE", "FILTER", "SCORE", "STATE", "REASON"]
     assert [line.split()[:4] for line in lines[2:6]] == [
         ["node-b", "pass", str(scores["node-b"]), "published"],
         ["node-c", "pass", "0", "stale"],
