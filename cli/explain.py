@@ -57,15 +57,21 @@ def ask(api: Any, extender: Extender, body: bytes) -> dict[str, Any]:
             raise ExtenderError(f"cannot reach the extender at {url}: {e}") from e
     path = f"/api/v1/namespaces/{extender.namespace}/services/{extender.service}:http/proxy{EXPLAIN_PATH}"
     try:
-        resp = api.call_api(
-            path, "POST", body=json.loads(body), header_params={"Content-Type": "application/json"},
-            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=TIMEOUT_S,
+        method, url, headers, payload, post = api.param_serialize(
+            "POST", path, header_params={"Content-Type": "application/json"}, body=json.loads(body),
+            auth_settings=["BearerToken"],
         )  # fmt: skip
-        return _check(json.loads(resp[0].data), path)
-    except kubernetes.client.ApiException as e:
-        raise ExtenderError(f"extender through the API server ({path}): {e.status} {e.reason}") from e
-    except (OSError, ValueError) as e:
+        resp = api.call_api(method, url, header_params=headers, body=payload, post_params=post, _request_timeout=TIMEOUT_S)
+        resp.read()
+    except (kubernetes.client.ApiException, OSError, ValueError) as e:
         raise ExtenderError(f"cannot reach the extender through the API server ({path}): {e}") from e
+    if not 200 <= resp.status <= 299:
+        text = (resp.data or b"").decode(errors="replace").strip()[:200]
+        raise ExtenderError(f"extender through the API server ({path}): {resp.status} {text}")
+    try:
+        return _check(json.loads(resp.data), path)
+    except ValueError as e:
+        raise ExtenderError(f"unexpected answer from {path}: {e}") from e
 
 
 def with_pod_facts(answer: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:

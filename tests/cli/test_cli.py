@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
+from aiohttp import web
 
 from common import state as published
 from common.policies import MigStrategy, Policy, Sharing
@@ -285,3 +287,53 @@ async def test_explain_of_a_missing_pod_or_extender_is_one_line(server: FakeApiS
     code, _, err = await sharepack("--kubeconfig", str(kubeconfig), "explain", "trainer", "--extender-url", url)
     assert code == 1
     assert err.startswith(f"sharepack: cannot reach the extender at {url}/explain: ") and err.count("\n") == 1
+
+
+async def test_explain_reaches_the_extender_through_the_api_servers_service_proxy(
+    server: FakeApiServer, kubeconfig: Path, extender: str, tmp_short: Path
+) -> None:
+    """Without --extender-url the CLI calls services/<name>:http/proxy/explain on the API server
+    with the kubeconfig's credentials, as the API server's service proxy expects. The sandbox API
+    server has no proxy: a front server here plays it, handing every other path to the sandbox."""
+    proxy_path = "/api/v1/namespaces/sharepack-system/services/sharepack-extender:http/proxy/explain"
+    proxied: list[str] = []
+    no_endpoints = False
+
+    async def front(request: web.Request) -> web.Response:
+        body = await request.read()
+        async with aiohttp.ClientSession() as http:
+            if request.path == proxy_path:
+                proxied.append(request.headers.get("Authorization", ""))
+                if no_endpoints:  # what the API server answers while no extender pod is ready
+                    return web.Response(status=503, text='no endpoints available for service "sharepack-extender"')
+                target = f"{extender}/explain"
+            else:
+                target = f"{server.url}{request.path_qs}"
+            async with http.request(request.method, target, data=body,
+                                    headers={"Content-Type": request.content_type}) as resp:  # fmt: skip
+                return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", front)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        doc = yaml.safe_load(kubeconfig.read_text())
+        doc["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+        fronted = tmp_short / "fronted-kubeconfig"
+        fronted.write_text(yaml.safe_dump(doc))
+        create_pod(server, "trainer", 3)
+        code, out, err = await sharepack("--kubeconfig", str(fronted), "explain", "trainer", "-o", "json")
+        assert (code, err) == (0, "")
+        assert proxied == ["Bearer sandbox"]
+        assert {n["node"]: n["filter"] for n in json.loads(out)["nodes"]}["node-a"] == "fail"
+        no_endpoints = True
+        code, out, err = await sharepack("--kubeconfig", str(fronted), "explain", "trainer")
+        assert (code, out) == (1, "")
+        assert err == (f"sharepack: extender through the API server ({proxy_path}): "
+                       '503 no endpoints available for service "sharepack-extender"\n')  # fmt: skip
+    finally:
+        await runner.cleanup()
