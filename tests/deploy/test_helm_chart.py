@@ -40,7 +40,8 @@ pytestmark = pytest.mark.timeout(900)  # the first run builds helm (minutes on a
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    if shutil.which("go") is None and not _cached_helm_exists():
+    if shutil.which("go") is None and not _cached_helm_exists() and not os.environ.get("SHAREPACK_REQUIRE_REAL"):
+        # .ci/run sets SHAREPACK_REQUIRE_REAL: there the builder's own one-line error fails the test.
         pytest.skip("helm: go is not on PATH (needed once to build helm from deploy/helm/tool)")
     built = subprocess.run([sys.executable, str(BUILDER)], capture_output=True, text=True, timeout=1800)
     assert built.returncode == 0, built.stderr
@@ -134,7 +135,7 @@ def _validate(docs: list[dict[str, Any]], where: str) -> None:
 
 
 def test_builder_without_go_says_so_in_one_line(tmp_path: Path) -> None:
-    env = {"PATH": str(tmp_path), "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path), "SHAREPACK_CACHE": str(tmp_path / "cache")}
     result = subprocess.run([sys.executable, str(BUILDER)], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stdout == ""

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Builds helm from the Go module next to this file, once, and prints the binary's path.
 
-The binary is cached under ~/.cache/sharepack/helm/<sha256 of go.mod + go.sum>/helm (or
-$XDG_CACHE_HOME), so a new pin builds a new binary and an unchanged one is reused by every test run
-and every worktree. Failure (no Go, a failed build) is one line on stderr and exit status 1.
+The binary is cached under ~/.cache/sharepack/helm/<sha256 of go.mod + go.sum>/helm ($SHAREPACK_CACHE
+instead of ~/.cache/sharepack, as for the control plane sandbox/kubebuild.py builds), so a new pin
+builds a new binary and an unchanged one is reused by every test run and every worktree. Failure
+(no Go, a failed build) is one line on stderr and exit status 1.
 
 Usage: python3 deploy/helm/tool/build.py        -> prints /root/.cache/sharepack/helm/<key>/helm
 """
@@ -27,9 +28,9 @@ class BuildError(Exception):
 
 
 def cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base = Path(os.environ.get("SHAREPACK_CACHE") or Path.home() / ".cache" / "sharepack")
     key = hashlib.sha256((MODULE_DIR / "go.mod").read_bytes() + (MODULE_DIR / "go.sum").read_bytes()).hexdigest()
-    return base / "sharepack" / "helm" / key
+    return base / "helm" / key
 
 
 def _go(go: str, *args: str) -> str:
@@ -65,7 +66,8 @@ def build() -> Path:
     fd, partial = tempfile.mkstemp(dir=target.parent, prefix="helm.partial.")
     os.close(fd)
     log = target.parent / "build.log"
-    env = {**os.environ, "CGO_ENABLED": "0"}
+    # -mod=readonly: go.sum is committed, a build must never rewrite it.
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": (os.environ.get("GOFLAGS", "") + " -mod=readonly").strip()}
     # nice: helm is a large build and the machines it runs on are usually busy with other work.
     cmd = ["nice", "-n", "19", go, "build", "-trimpath", "-ldflags", _ldflags(go), "-o", partial, HELM_MAIN]
     result = subprocess.run(cmd, cwd=MODULE_DIR, env=env, capture_output=True, text=True, check=False)
