@@ -1,4 +1,4 @@
-"""agent.kubewatching.Reflector against the sandbox API server, through the real aio client."""
+"""kube.reflecting.Reflector against the sandbox API server, through the real aio client."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
-from agent.kubewatching import Key, Obj, Reflector
+from kube.reflecting import Key, Obj, Reflector
 from sandbox import apiserver_resources as kinds
 from sandbox.apiserver import FakeApiServer
 
@@ -84,7 +84,7 @@ async def test_the_cache_follows_adds_updates_and_deletes(setup: tuple[FakeApiSe
         await follow.until(lambda: follow.names() == {"before", "after"})
         server.store.delete(kinds.PODS, "default", "before")
         await follow.until(lambda: follow.names() == {"after"})
-        assert follow.reflector.relists == 1
+        assert follow.reflector.lists == 1
     finally:
         await _stop(task)
 
@@ -99,7 +99,7 @@ async def test_a_too_old_version_means_listing_again(setup: tuple[FakeApiServer,
         _pod(server, "missed")
         server.store.compact()
         await follow.until(lambda: follow.names() == {"missed"})
-        assert follow.reflector.relists == 2
+        assert follow.reflector.lists == 2
     finally:
         await _stop(task)
 
@@ -117,6 +117,77 @@ async def test_an_outage_is_survived_and_what_changed_meanwhile_is_seen(
         assert follow.names() == set()
         await server.resume()
         await follow.until(lambda: follow.names() == {"during"})
-        assert follow.reflector.relists >= 2
+        assert follow.reflector.lists >= 2
+        assert follow.reflector.errors >= 1
+    finally:
+        await _stop(task)
+
+
+async def test_resync_lists_again_while_the_watch_holds(setup: tuple[FakeApiServer, kclient.ApiClient]) -> None:
+    """The extender's periodic relist: with `resync_s` the watch is cut at the resync time and
+    the reflector lists again, with no error."""
+    server, api = setup
+    follow = Follow(api, resync_s=1.0)
+    task = await _running(follow)
+    try:
+        await follow.until(lambda: follow.reflector.lists >= 2, timeout=10)
+        assert follow.reflector.errors == 0
+    finally:
+        await _stop(task)
+
+
+async def test_on_list_gets_the_whole_cache_and_on_event_each_change(
+    setup: tuple[FakeApiServer, kclient.ApiClient],
+) -> None:
+    server, api = setup
+    _pod(server, "listed")
+    core = kclient.CoreV1Api(api)
+    seen: list[tuple[str, str]] = []
+    changed = asyncio.Event()
+
+    def on_event(kind: str, obj: Obj) -> None:
+        seen.append((kind, obj["metadata"]["name"]))
+        changed.set()
+
+    reflector = Reflector(
+        functools.partial(core.list_pod_for_all_namespaces_without_preload_content),
+        what="pods", on_list=lambda cache: seen.append(("LIST", ",".join(n for _, n in sorted(cache)))),
+        on_event=on_event,
+    )  # fmt: skip
+    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 3)
+        _pod(server, "watched")
+        server.store.delete(kinds.PODS, "default", "listed")
+        async with asyncio.timeout(3):
+            while len(seen) < 3:
+                changed.clear()
+                await changed.wait()
+        assert seen == [("LIST", "listed"), ("ADDED", "watched"), ("DELETED", "listed")]
+    finally:
+        await _stop(task)
+
+
+async def test_a_failing_handler_is_repaired_by_listing_again(setup: tuple[FakeApiServer, kclient.ApiClient]) -> None:
+    server, api = setup
+    core = kclient.CoreV1Api(api)
+    failures = [RuntimeError("handler bug")]
+
+    def on_event(kind: str, obj: Obj) -> None:
+        if failures:
+            raise failures.pop()
+
+    reflector = Reflector(
+        functools.partial(core.list_pod_for_all_namespaces_without_preload_content),
+        what="pods", on_event=on_event, backoff_initial_s=0.01,
+    )  # fmt: skip
+    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 3)
+        _pod(server, "first")
+        async with asyncio.timeout(3):
+            while reflector.lists < 2:
+                await asyncio.sleep(0.01)
+        assert reflector.errors == 1 and {n for _, n in reflector.cache} == {"first"}
     finally:
         await _stop(task)
