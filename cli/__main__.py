@@ -10,16 +10,20 @@ shows, for one pod, each node's filter verdict and score from the extender.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from cli import explain, reading, status
 from cli.errors import CliError
 from common import state as gpustate
+from kube import clients
+from kube.reflecting import Key, Obj, Reflector
 
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -63,30 +67,39 @@ def _draw_status(nodes: dict[str, reading.PublishedNode], opts: argparse.Namespa
     out.flush()
 
 
-def run_status(api: Any, opts: argparse.Namespace, out: TextIO, *, sleep: Callable[[float], None] = time.sleep) -> int:
-    rv, nodes = reading.list_states(api)
-    _draw_status(nodes, opts, out)
+# Under --watch the states are listed again this often (redrawing the ages) even when none changes.
+REDRAW_S = 30.0
+
+
+def run_status(api: Any, opts: argparse.Namespace, out: TextIO) -> int:
     if not opts.watch:
+        _, nodes = reading.list_states(api)
+        _draw_status(nodes, opts, out)
         return 0
-    backoff = 0.5
-    while True:
-        try:
-            for kind, obj in reading.watch_states(api, rv):
-                node = reading.published(obj)
-                if kind == "DELETED":
-                    nodes.pop(node.name, None)
-                else:
-                    nodes[node.name] = node
-                rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
-                _draw_status(nodes, opts, out)
-            # The watch timed out (or our version expired): list again, which also redraws the ages.
-            rv, nodes = reading.list_states(api)
-            _draw_status(nodes, opts, out)
-            backoff = 0.5
-        except CliError as e:
-            print(f"sharepack: {e}; retrying in {backoff:.1f}s", file=sys.stderr, flush=True)
-            sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+    asyncio.run(_watch_status(api, opts, out))
+    return 0
+
+
+async def _watch_status(api: Any, opts: argparse.Namespace, out: TextIO) -> None:
+    """The states through the reflector the agent and the extender use: redraw on every list
+    and every change."""
+    from kubernetes.aio import client as aio
+
+    watch_api = clients.aio_client_like(api)
+    try:
+        custom = aio.CustomObjectsApi(watch_api)
+
+        def draw(cache: Mapping[Key, Obj]) -> None:
+            _draw_status({p.name: p for p in map(reading.published, cache.values()) if p.name}, opts, out)
+
+        reflector = Reflector(
+            functools.partial(custom.list_cluster_custom_object_without_preload_content,
+                              gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL),
+            what="nodegpustates", on_change=draw, resync_s=REDRAW_S, watch_timeout_s=REDRAW_S,
+        )  # fmt: skip
+        await reflector.run()
+    finally:
+        await watch_api.close()  # type: ignore[no-untyped-call]
 
 
 def run_explain(api: Any, opts: argparse.Namespace, out: TextIO) -> int:

@@ -1,4 +1,5 @@
-"""Reads from the cluster in the kubeconfig: NodeGpuStates (list and watch), a pod, node names.
+"""Reads from the cluster in the kubeconfig: NodeGpuStates, a pod, node names (`--watch`
+follows NodeGpuStates with kube.reflecting, see cli/__main__.py).
 
 The blocking `kubernetes` client is enough: the CLI does one thing at a time. Raw JSON
 (`_preload_content=False`) keeps the objects exactly as the API serves them, the shape the
@@ -8,7 +9,6 @@ extender also receives from kube-scheduler.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,6 @@ from common import state as gpustate
 from common.errors import StateSchemaError
 from common.state import NodeState
 
-WATCH_TIMEOUT_S = 30  # a watch ends this often; the next list refreshes the ages drawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,31 +72,6 @@ def list_states(api: Any) -> tuple[str, dict[str, PublishedNode]]:
     )
     nodes = {p.name: p for p in map(published, doc.get("items") or []) if p.name}
     return str((doc.get("metadata") or {}).get("resourceVersion", "")), nodes
-
-
-def watch_states(api: Any, resource_version: str) -> Iterator[tuple[str, Any]]:
-    """(event type, object) from `resource_version` until the watch times out. A 410 (our
-    version is too old) ends it too: the caller lists again either way."""
-    custom = kubernetes.client.CustomObjectsApi(api)
-    stream = kubernetes.watch.Watch().stream(  # type: ignore[no-untyped-call]
-        custom.list_cluster_custom_object, gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL,
-        resource_version=resource_version, timeout_seconds=WATCH_TIMEOUT_S, allow_watch_bookmarks=True,
-    )  # fmt: skip
-    try:
-        for event in stream:
-            kind, obj = event["type"], event["raw_object"]
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    return
-                raise ApiReadError(f"cannot watch nodegpustates: {obj.get('code')} {obj.get('message', '')}")
-            if kind != "BOOKMARK":
-                yield kind, obj
-    except kubernetes.client.ApiException as e:
-        if e.status == 410:
-            return
-        raise ApiReadError(f"cannot watch nodegpustates: {e.status} {e.reason}") from e
-    except OSError as e:
-        raise ApiReadError(f"cannot watch nodegpustates: {e}") from e
 
 
 def read_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:

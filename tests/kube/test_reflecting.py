@@ -191,3 +191,28 @@ async def test_a_failing_handler_is_repaired_by_listing_again(setup: tuple[FakeA
         assert reflector.errors == 1 and {n for _, n in reflector.cache} == {"first"}
     finally:
         await _stop(task)
+
+
+async def test_without_keep_cache_the_handlers_get_everything_and_nothing_is_kept(
+    setup: tuple[FakeApiServer, kclient.ApiClient],
+) -> None:
+    server, api = setup
+    _pod(server, "listed")
+    core = kclient.CoreV1Api(api)
+    listed: list[set[str]] = []
+    events: list[str] = []
+    reflector = Reflector(
+        functools.partial(core.list_pod_for_all_namespaces_without_preload_content), what="pods",
+        on_list=lambda cache: listed.append({n for _, n in cache}), on_event=lambda k, o: events.append(k),
+        keep_cache=False,
+    )  # fmt: skip
+    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 3)
+        _pod(server, "watched")
+        async with asyncio.timeout(3):
+            while not events:
+                await asyncio.sleep(0.01)
+        assert (listed, events, reflector.cache) == ([{"listed"}], ["ADDED"], {})
+    finally:
+        await _stop(task)
