@@ -7,6 +7,7 @@ import functools
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.aio import client as kclient
@@ -136,33 +137,38 @@ async def test_resync_lists_again_while_the_watch_holds(setup: tuple[FakeApiServ
         await _stop(task)
 
 
+def _all_pods(api: kclient.ApiClient, **kwargs: Any) -> Reflector:
+    core = kclient.CoreV1Api(api)
+    return Reflector(functools.partial(core.list_pod_for_all_namespaces_without_preload_content), what="pods", **kwargs)
+
+
+async def _started(reflector: Reflector) -> asyncio.Task[None]:
+    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    await asyncio.wait_for(reflector.synced.wait(), 3)
+    return task
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
 async def test_on_list_gets_the_whole_cache_and_on_event_each_change(
     setup: tuple[FakeApiServer, kclient.ApiClient],
 ) -> None:
     server, api = setup
     _pod(server, "listed")
-    core = kclient.CoreV1Api(api)
     seen: list[tuple[str, str]] = []
-    changed = asyncio.Event()
-
-    def on_event(kind: str, obj: Obj) -> None:
-        seen.append((kind, obj["metadata"]["name"]))
-        changed.set()
-
-    reflector = Reflector(
-        functools.partial(core.list_pod_for_all_namespaces_without_preload_content),
-        what="pods", on_list=lambda cache: seen.append(("LIST", ",".join(n for _, n in sorted(cache)))),
-        on_event=on_event,
+    reflector = _all_pods(
+        api, on_list=lambda cache: seen.append(("LIST", ",".join(n for _, n in sorted(cache)))),
+        on_event=lambda kind, obj: seen.append((kind, obj["metadata"]["name"])),
     )  # fmt: skip
-    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    task = await _started(reflector)
     try:
-        await asyncio.wait_for(reflector.synced.wait(), 3)
         _pod(server, "watched")
         server.store.delete(kinds.PODS, "default", "listed")
-        async with asyncio.timeout(3):
-            while len(seen) < 3:
-                changed.clear()
-                await changed.wait()
+        await _until(lambda: len(seen) >= 3)
         assert seen == [("LIST", "listed"), ("ADDED", "watched"), ("DELETED", "listed")]
     finally:
         await _stop(task)
@@ -170,24 +176,17 @@ async def test_on_list_gets_the_whole_cache_and_on_event_each_change(
 
 async def test_a_failing_handler_is_repaired_by_listing_again(setup: tuple[FakeApiServer, kclient.ApiClient]) -> None:
     server, api = setup
-    core = kclient.CoreV1Api(api)
     failures = [RuntimeError("handler bug")]
 
     def on_event(kind: str, obj: Obj) -> None:
         if failures:
             raise failures.pop()
 
-    reflector = Reflector(
-        functools.partial(core.list_pod_for_all_namespaces_without_preload_content),
-        what="pods", on_event=on_event, backoff_initial_s=0.01,
-    )  # fmt: skip
-    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    reflector = _all_pods(api, on_event=on_event, backoff_initial_s=0.01)
+    task = await _started(reflector)
     try:
-        await asyncio.wait_for(reflector.synced.wait(), 3)
         _pod(server, "first")
-        async with asyncio.timeout(3):
-            while reflector.lists < 2:
-                await asyncio.sleep(0.01)
+        await _until(lambda: reflector.lists >= 2)
         assert reflector.errors == 1 and {n for _, n in reflector.cache} == {"first"}
     finally:
         await _stop(task)
@@ -198,21 +197,16 @@ async def test_without_keep_cache_the_handlers_get_everything_and_nothing_is_kep
 ) -> None:
     server, api = setup
     _pod(server, "listed")
-    core = kclient.CoreV1Api(api)
     listed: list[set[str]] = []
     events: list[str] = []
-    reflector = Reflector(
-        functools.partial(core.list_pod_for_all_namespaces_without_preload_content), what="pods",
-        on_list=lambda cache: listed.append({n for _, n in cache}), on_event=lambda k, o: events.append(k),
+    reflector = _all_pods(
+        api, on_list=lambda cache: listed.append({n for _, n in cache}), on_event=lambda k, o: events.append(k),
         keep_cache=False,
     )  # fmt: skip
-    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    task = await _started(reflector)
     try:
-        await asyncio.wait_for(reflector.synced.wait(), 3)
         _pod(server, "watched")
-        async with asyncio.timeout(3):
-            while not events:
-                await asyncio.sleep(0.01)
+        await _until(lambda: bool(events))
         assert (listed, events, reflector.cache) == ([{"listed"}], ["ADDED"], {})
     finally:
         await _stop(task)
