@@ -81,22 +81,22 @@ OWNER = textwrap.dedent(
 @pytest.mark.timeout(240)
 def test_killing_the_owner_leaves_no_orphan(tmp_path: Path) -> None:
     real_binaries()
-    owner = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", OWNER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert owner.stdout is not None
-        line = owner.stdout.readline()
-        assert line, f"the owner exited before starting the control plane: {owner.stderr.read() if owner.stderr else ''}"
-        pids = [int(p) for p in line.split()]
-        assert all(_alive(p) for p in pids), "the control plane is not running while its owner is"
-        os.kill(owner.pid, signal.SIGKILL)  # no cleanup runs: only the kernel can stop them now
-        owner.wait(10)
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [p for p in pids if _alive(p)] == [], "etcd, kube-apiserver or kube-scheduler outlived its owner"
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
+    ) as owner:
+        try:
+            assert owner.stdout is not None and owner.stderr is not None
+            line = owner.stdout.readline()
+            assert line, f"the owner exited before starting the control plane: {owner.stderr.read()}"
+            pids = [int(p) for p in line.split()]
+            assert all(_alive(p) for p in pids), "the control plane is not running while its owner is"
+            os.kill(owner.pid, signal.SIGKILL)  # no cleanup runs: only the kernel can stop them now
+            owner.wait(10)
+            deadline = time.monotonic() + 30
+            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert [p for p in pids if _alive(p)] == [], "etcd, kube-apiserver or kube-scheduler outlived its owner"
+        finally:
+            if owner.poll() is None:
+                owner.kill()
+                owner.wait()
