@@ -69,9 +69,13 @@ class Reflector:
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 5.0,
         keep_cache: bool = True,
+        list_timeout_s: float = 60.0,
     ) -> None:
         self.what = what
         self.keep_cache = keep_cache
+        # A list the server accepted but never answers must not stall the reflector for good;
+        # 60 s is far above a 5,000-node list (seconds) and still ends a hung one.
+        self.list_timeout_s = list_timeout_s
         self._list_call = list_call
         self._on_change = on_change
         self._on_list = on_list
@@ -109,7 +113,7 @@ class Reflector:
                 await asyncio.sleep(random.uniform(backoff / 2, backoff))
 
     async def _list(self) -> str:
-        response = await self._list_call()
+        response = await self._list_call(_request_timeout=self.list_timeout_s)
         try:
             body = await response.read()
         finally:

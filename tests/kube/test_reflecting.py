@@ -210,3 +210,20 @@ async def test_without_keep_cache_the_handlers_get_everything_and_nothing_is_kep
         assert (listed, events, reflector.cache) == ([{"listed"}], ["ADDED"], {})
     finally:
         await _stop(task)
+
+
+async def test_a_list_is_bounded_in_time_and_retried() -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def list_call(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        raise TimeoutError("the server accepted the list and never answered")
+
+    reflector = Reflector(list_call, what="pods", list_timeout_s=7.0, backoff_initial_s=0.01)
+    task = asyncio.create_task(reflector.run(), name="reflector-under-test")
+    try:
+        await _until(lambda: reflector.errors >= 2)
+    finally:
+        await _stop(task)
+    assert calls[:2] == [{"_request_timeout": 7.0}] * 2
+    assert not reflector.synced.is_set()
