@@ -30,15 +30,21 @@ CLEAR = "\x1b[H\x1b[2J"
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="sharepack", description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    kubeconfig_help = "kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)"
+    p.add_argument("--kubeconfig", default=None, help=kubeconfig_help)
+    # Also after the command (`kubectl sharepack status --kubeconfig F`), without resetting one
+    # given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--kubeconfig", default=argparse.SUPPRESS, help=kubeconfig_help)
     sub = p.add_subparsers(dest="command", required=True)
-    st = sub.add_parser("status", help="every node's GPUs as bars, with whole GPUs free, stranded replicas, stale nodes")
+    st = sub.add_parser("status", parents=[common],
+                        help="every node's GPUs as bars, with whole GPUs free, stranded replicas, stale nodes")
     st.add_argument("--watch", "-w", action="store_true", help="redraw on every NodeGpuState change")
     st.add_argument("--output", "-o", choices=["text", "json"], default="text")
     st.add_argument("--stale-after", type=float, default=gpustate.STALE_AFTER_S, metavar="SECONDS",
                     help=f"a state older than this is stale (default {gpustate.STALE_AFTER_S:.0f}, the extender's "
                          "--state-max-age-seconds default); 0: never")  # fmt: skip
-    ex = sub.add_parser("explain", help="each node's filter verdict and score for a pod, from the extender")
+    ex = sub.add_parser("explain", parents=[common], help="each node's filter verdict and score for a pod, from the extender")
     ex.add_argument("pod", metavar="POD")
     ex.add_argument("--namespace", "-n", default="default")
     ex.add_argument("--output", "-o", choices=["text", "json"], default="text")

@@ -138,7 +138,7 @@ async def test_status_as_json(kubeconfig: Path) -> None:
 
 
 async def test_stale_after_zero_counts_every_readable_node(kubeconfig: Path) -> None:
-    code, out, _ = await sharepack("--kubeconfig", str(kubeconfig), "status", "-o", "json", "--stale-after", "0")
+    code, out, _ = await sharepack("status", "-o", "json", "--stale-after", "0", "--kubeconfig", str(kubeconfig))
     assert code == 0
     totals = json.loads(out)["totals"]
     assert (totals["staleNodes"], totals["wholeGpusFree"], totals["gpus"]) == (0, 3, 6)
