@@ -204,10 +204,11 @@ async def extender(server: FakeApiServer, kubeconfig: Path, tmp_short: Path) -> 
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http, asyncio.timeout(DEADLINE_S):
-            while True:  # ready, and holding every node's state (node-a's is the last one listed)
+            while True:  # serving, and its state list is in (an empty answer: no resource known yet)
                 try:
                     async with http.post(f"{url}/explain", data=explain_args(["node-b"])) as resp:
-                        if resp.status == 200 and (await resp.json())["nodes"][0]["knowledge"] == "published":
+                        nodes = (await resp.json())["nodes"] if resp.status == 200 else []
+                        if nodes and nodes[0]["knowledge"] == "published":
                             break
                 except aiohttp.ClientError:
                     pass
