@@ -33,7 +33,7 @@ from sandbox.kubelet_pods import AdmissionError, PodSpec
 
 log = logging.getLogger(__name__)
 
-LEASE_RENEW_S = 10.0
+LEASE_RENEW_S = 10.0  # as the kubelet: a quarter of the lease duration
 LEASE_DURATION_S = 40
 CAPACITY_POLL_S = 0.2
 DEFAULT_NODE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
@@ -169,7 +169,11 @@ class KubeletApi:
             "spec": {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_DURATION_S, "renewTime": now_micro()},
         }
         try:
-            await asyncio.to_thread(self._coordination.replace_namespaced_lease, self.name, "kube-node-lease", body)
+            # A patch: Leases refuse updates without a resourceVersion, and the renewal is
+            # this node's alone.
+            await asyncio.to_thread(
+                self._coordination.patch_namespaced_lease, self.name, "kube-node-lease", {"spec": body["spec"]}
+            )
         except kubernetes.client.ApiException as e:
             if e.status != 404:
                 raise

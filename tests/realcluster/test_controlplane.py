@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,3 +101,39 @@ def test_killing_the_owner_leaves_no_orphan(tmp_path: Path) -> None:
             if owner.poll() is None:
                 owner.kill()
                 owner.wait()
+
+
+def _module_copy(tmp_path: Path) -> Path:
+    module = tmp_path / "kube"
+    (module / "etcd").mkdir(parents=True)
+    for name in kubebuild.MODULE_FILES:
+        (module / name).write_bytes((kubebuild.MODULE_DIR / name).read_bytes())
+    return module
+
+
+def test_without_go_the_build_is_one_line_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kubebuild.CACHE_ENV, str(tmp_path / "cache"))  # nothing cached there
+    monkeypatch.setenv("PATH", str(tmp_path))  # no go
+    with pytest.raises(kubebuild.ControlPlaneUnavailable) as info:
+        kubebuild.build(_module_copy(tmp_path), progress=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "needs Go >= 1.26 on PATH" in message
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go to fail a build")
+def test_a_failed_build_is_one_line_with_go_s_own_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kubebuild.CACHE_ENV, str(tmp_path / "cache"))
+    module = _module_copy(tmp_path)
+    (module / "etcd" / "main.go").write_text("package main\n\nfunc main() { undefinedCall() }\n")
+    (module / "go.mod").write_text("module example.com/broken\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v1.37.2\n")
+    (module / "go.sum").write_text("")
+    with pytest.raises(kubebuild.ControlPlaneUnavailable) as info:
+        kubebuild.build(module, progress=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("building the real control plane failed (go build exited 1")
+    assert "python -m sandbox.kubebuild" in message
+    assert list((tmp_path / "cache" / "kube").glob(".building-*")) == []  # no half-built entry left

@@ -236,6 +236,11 @@ def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list
         # A pod the user applies is scheduled, admitted and counted like the demo's own.
         run("apply", "-f", "-", stdin=USER_POD)
         wait_counted(api_for(kubeconfig), "user-pod")
+        described = run("describe", "pod", "user-pod")
+        assert "Successfully assigned default/user-pod to node-0" in described, described
+        assert re.search(r"^KIND:\s+Pod$", run("explain", "pods"), re.M)
+        assert run("auth", "can-i", "create", "pods").strip() == "yes"
+        assert re.search(r"\sScheduled\s+pod/user-pod\s", run("get", "events"), re.M)
     assert processes_mentioning([root]), "the stack is not running: the checks below see nothing"
 
     os.killpg(proc.pid, signal.SIGINT)
