@@ -5,6 +5,8 @@ COPY pyproject.toml README.md ./
 COPY common common
 COPY agent agent
 COPY extender extender
+COPY kube kube
+COPY cli cli
 COPY proto proto
 COPY sandbox sandbox
 COPY tracesim tracesim

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from kubernetes.aio import client as kclient
 
-from agent.kubewatching import Key, Obj, Reflector
+from kube.reflecting import Key, Obj, Reflector
 from agent.tasks import Supervisor
 from common.config import DEFAULT_CONFIG_NAME, NODE_CONFIG_LABEL, Config, load_named_config
 from common.errors import ConfigError, ResourceError

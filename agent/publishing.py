@@ -51,7 +51,7 @@ import aiohttp
 from kubernetes.aio import client as kclient
 
 from agent import configwatching
-from agent.kubewatching import Key, Obj, Reflector
+from kube.reflecting import Key, Obj, Reflector
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.reloading import ConfigReloader
 from agent.running import Snapshot

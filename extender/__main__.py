@@ -37,7 +37,9 @@ from common.errors import ConfigError
 from common.policies import NodePolicy
 from extender.binding import ApiBinder, Binder
 from extender.bindguard import BindGuard, UnscoredBinds
-from extender.caches import ClusterView, Informer, pod_handler, state_handler
+from extender.caches import ClusterView, pod_handler, state_handler
+from kube import clients
+from kube.reflecting import Reflector
 from extender.metrics import Metrics
 from extender.server import DEFAULT_MAX_BODY_BYTES, Extender
 
@@ -46,9 +48,7 @@ log = logging.getLogger("extender")
 DEFAULT_LISTEN = "0.0.0.0:8888"
 DEFAULT_ASSUME_TTL_S = 120.0
 DEFAULT_RESYNC_S = 300.0
-# Three agent heartbeats (--state-heartbeat-seconds, 60 s by default): one lost or late write
-# does not make a live node unknown; a dead agent's node is unknown within three minutes.
-DEFAULT_STATE_MAX_AGE_S = 180.0
+DEFAULT_STATE_MAX_AGE_S = published.STALE_AFTER_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,29 +279,33 @@ class Service:
             opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s,
             max_age_s=opts.state_max_age_s, workload=opts.typical_workload,
         )  # fmt: skip
-        self.informers: list[Informer] = []
+        self.informers: list[Reflector] = []
+        self._watch_api: Any | None = None  # kubernetes.aio client of the reflectors
         binder: Binder | None = None
         if api is not None:
-            from kubernetes import client
+            from kubernetes.aio import client as aio
 
-            custom = client.CustomObjectsApi(api)
-            core = client.CoreV1Api(api)
+            self._watch_api = clients.aio_client_like(api)
+            custom = aio.CustomObjectsApi(self._watch_api)
+            core = aio.CoreV1Api(self._watch_api)
             self.informers = [
-                Informer(
-                    "nodegpustates",
-                    partial(custom.list_cluster_custom_object,
+                Reflector(
+                    partial(custom.list_cluster_custom_object_without_preload_content,
                             published.GROUP, published.VERSION, published.PLURAL),
-                    on_replace=self.view.replace_states,
+                    what="nodegpustates",
+                    on_list=lambda cache: self.view.replace_states(list(cache.values())),
                     on_event=state_handler(self.view),
-                    resync_s=opts.resync_s,
+                    watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
+                    keep_cache=False,  # ClusterView keeps what it needs, decoded
                 ),  # fmt: skip
-                Informer(
-                    "pods",
-                    partial(core.list_pod_for_all_namespaces, field_selector="spec.nodeName!="),
-                    on_replace=self.view.replace_pods,
+                Reflector(
+                    partial(core.list_pod_for_all_namespaces_without_preload_content, field_selector="spec.nodeName!="),
+                    what="pods bound to nodes",
+                    on_list=lambda cache: self.view.replace_pods(list(cache.values())),
                     on_event=pod_handler(self.view),
-                    resync_s=opts.resync_s,
-                ),
+                    watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
+                    keep_cache=False,  # ClusterView keeps what it needs, decoded
+                ),  # fmt: skip
             ]
             binder = ApiBinder(api)
         guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds)
@@ -369,10 +373,12 @@ class Service:
 
     async def _start_informers(self) -> None:
         # One after another: a bound pod is assumed with a placement predicted on its node's
-        # state, so the states must be in before the first pod arrives.
-        for informer in self.informers:
-            await informer.start()
-            await informer.synced.wait()
+        # state, so the states must be in before the first pod arrives. The reflectors run as
+        # tasks of this one, so stopping it stops them.
+        async with asyncio.TaskGroup() as group:
+            for informer in self.informers:
+                group.create_task(informer.run(), name=f"extender-watch-{informer.what}")
+                await informer.synced.wait()
 
     async def _expire_assumed(self) -> None:
         period = max(self.opts.assume_ttl_s / 4, 0.05)
@@ -404,8 +410,8 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        for informer in self.informers:
-            await informer.stop()
+        if self._watch_api is not None:
+            await self._watch_api.close()
         await self._cleanup_runners()
 
 

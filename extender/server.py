@@ -17,7 +17,7 @@ from aiohttp import web
 
 from common import podrequests
 from common.podrequests import PodRequest
-from extender import protocol
+from extender import explaining, protocol
 from extender.binding import Binder, BindError
 from extender.bindguard import BindGuard, Refusal
 from extender.caches import ClusterView
@@ -75,6 +75,7 @@ class Extender:
         app.router.add_post(f"{p}/filter", self._timed("filter", self.filter))
         app.router.add_post(f"{p}/prioritize", self._timed("prioritize", self.prioritize))
         app.router.add_post(f"{p}/bind", self._timed("bind", self.bind))
+        app.router.add_post(f"{p}/explain", self.explain)  # read-only, behind the same mTLS
         return app
 
     def probe_app(self) -> web.Application:
@@ -189,6 +190,16 @@ class Extender:
         if not verdict.request.empty:
             self.view.assume(args.pod_uid, args.node, verdict.request)
         return self._json(protocol.encode_binding_result())
+
+    async def explain(self, request: web.Request) -> web.Response:
+        """Read-only: each node's filter verdict and score for the pod (extender/explaining.py)."""
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self.view.relevant(args.request) if args.request is not None else None
+        nodes = explaining.explain(self.view, args.node_names, pod) if pod is not None and not pod.empty else []
+        return self._json(explaining.encode(args, pod, nodes))
 
     # -- health ----------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ import aiohttp
 import kubernetes
 import yaml
 
+from common import bars
 from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
@@ -51,8 +52,6 @@ PUBLISH_TIMEOUT_S = 10.0
 IN_PROCESS, REAL = "in-process", "real"
 CONTROL_PLANES = (IN_PROCESS, REAL)
 SCHEDULE_TIMEOUT_S = 30.0
-FULL = "\u2588"
-FREE = "\u2591"
 
 
 class DemoError(Exception):
@@ -127,16 +126,9 @@ def agent_config(replicas: int) -> str:
     )
 
 
-def bar(allocated: int, total: int) -> str:
-    return FULL * allocated + FREE * (total - allocated) + f" {allocated}/{total}"
-
-
 def render_states(states: Sequence[gpustate.NodeState], names: Sequence[str], out: TextIO) -> None:
     for name, st in zip(names, states, strict=True):
-        res = st.resource(SHARED_RESOURCE)
-        gpus = sorted(res.gpus, key=lambda g: int(g.index)) if res else ()
-        cells = "   ".join(f"GPU{g.index} {bar(g.allocated, g.total)}" for g in gpus)
-        print(f"    {name:<8} {cells}", file=out)
+        print("    " + bars.node_line(name, st.resource(SHARED_RESOURCE)), file=out)
 
 
 @dataclass(frozen=True, slots=True)
