@@ -50,6 +50,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ex.add_argument("--output", "-o", choices=["text", "json"], default="text")
     ex.add_argument("--extender-url", default="", help="the extender's base URL (default: through the API server's "
                     "service proxy to --extender-service in --extender-namespace)")  # fmt: skip
+    ex.add_argument("--cert", default="", help="client certificate for an extender that requires one (mTLS)")
+    ex.add_argument("--key", default="", help="the client certificate's key")
+    ex.add_argument("--cacert", default="", help="CA of the extender's serving certificate")
     ex.add_argument("--extender-namespace", default="sharepack-system")
     ex.add_argument("--extender-service", default="sharepack-extender")
     opts = p.parse_args(argv)
@@ -111,7 +114,9 @@ async def _watch_status(api: Any, opts: argparse.Namespace, out: TextIO) -> None
 def run_explain(api: Any, opts: argparse.Namespace, out: TextIO) -> int:
     pod = reading.read_pod(api, opts.namespace, opts.pod)
     body = explain.explain_body(pod, reading.node_names(api))
-    answer = explain.ask(api, explain.Extender(opts.extender_url, opts.extender_namespace, opts.extender_service), body)
+    answer = explain.ask(api, explain.Extender(
+        opts.extender_url, opts.extender_namespace, opts.extender_service, opts.cert, opts.key, opts.cacert
+    ), body)
     answer = explain.with_pod_facts(answer, pod)
     if opts.output == "json":
         print(json.dumps(answer, indent=2), file=out)

@@ -5,7 +5,9 @@ the extender's read-only `POST /explain` as the `ExtenderArgs` kube-scheduler wo
 /filter; the extender answers from the same code as /filter and /prioritize and changes nothing.
 It is reached at `--extender-url`, else through the API server's service proxy
 (`services/<name>:http/proxy`, RBAC `services/proxy` create), as `kubectl` reaches in-cluster
-services.
+services. The extender as deploy/ ships it takes only clients with a certificate of its client
+CA (mutual TLS), which the service proxy has not: then reach it at `--extender-url
+https://...` (for example through `kubectl port-forward`) with `--cert`, `--key` and `--cacert`.
 
 Every node is a candidate here: kube-scheduler's in-tree filters (taints, affinity, cpu) run
 before the extender and are not replayed.
@@ -14,6 +16,7 @@ before the extender and are not replayed.
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -32,6 +35,17 @@ class Extender:
     url: str  # base URL; "" means through the API server's service proxy
     namespace: str
     service: str
+    cert: str = ""  # client certificate and key for an extender that requires them (mTLS)
+    key: str = ""
+    cacert: str = ""  # the CA of the extender's serving certificate
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.url.startswith("https"):
+            return None
+        context = ssl.create_default_context(cafile=self.cacert or None)
+        if self.cert:
+            context.load_cert_chain(self.cert, self.key or None)
+        return context
 
 
 def explain_body(pod: dict[str, Any], nodes: list[str]) -> bytes:
@@ -49,7 +63,7 @@ def ask(api: Any, extender: Extender, body: bytes) -> dict[str, Any]:
         url = extender.url.rstrip("/") + EXPLAIN_PATH
         req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=extender.ssl_context()) as resp:
                 return _check(json.loads(resp.read()), url)
         except urllib.error.HTTPError as e:
             raise ExtenderError(f"extender {url}: {e.code} {e.read().decode(errors='replace').strip()}") from e

@@ -199,6 +199,7 @@ async def extender(server: FakeApiServer, kubeconfig: Path, tmp_short: Path) -> 
     log = (tmp_short / "extender.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "extender", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig),
+        "--insecure-http",
         "--node-policy", "packed", cwd=ROOT, stdout=log, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
