@@ -42,7 +42,7 @@ from common.policies import NodePolicy, Policy
 from common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
 from common.state import NodeState, from_status
 from extender import protocol
-from extender.metrics import Metrics
+from extender.metrics import Metrics, NodeGauges, node_gauges
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,9 @@ class ClusterView:
         self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
         self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
         self.templates = ScoreTemplates(node_policy, workload=workload)
+        # Per node gauge rows, recomputed with each published state (never per scrape).
+        self.gauges: dict[str, NodeGauges] = {}
+        self.metrics.node_rows(lambda: tuple(self.gauges.values()))
 
     # -- NodeGpuState events ---------------------------------------------------------------
 
@@ -168,6 +171,7 @@ class ClusterView:
         """Set (or, with None, drop) a node's published state, keeping resource counts."""
         counts = self._publishers
         old = self.published.pop(name, None)
+        self.gauges.pop(name, None)
         if old is not None:
             for r in {r.name for r in old[1].resources}:
                 left = counts[r] - 1
@@ -178,6 +182,7 @@ class ClusterView:
                     self._known = None
         if entry is not None:
             self.published[name] = entry
+            self.gauges[name] = node_gauges(name, entry[1])
             for r in {r.name for r in entry[1].resources}:
                 if r not in counts:
                     self._known = None

@@ -20,7 +20,7 @@ from common.podrequests import PodRequest
 from extender import protocol
 from extender.binding import Binder, BindError
 from extender.caches import ClusterView
-from extender.metrics import Metrics
+from extender.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit; more i
 FAILED_PREFIX = "sharepack: "
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Extender:
@@ -154,11 +153,11 @@ class Extender:
             return self._bad(e)
         m = self.metrics
         if self.binder is None:
-            m.binds["error"] += 1
+            m.bind(False)
             return self._json(protocol.encode_binding_result(
                 "binding is not available: the extender runs without Kubernetes API access"))  # fmt: skip
         if not (args.pod_name and args.pod_namespace and args.node):
-            m.binds["error"] += 1
+            m.bind(False)
             return self._json(protocol.encode_binding_result(
                 f"invalid ExtenderBindingArgs: PodName, PodNamespace and Node are required, got "
                 f"{args.pod_namespace!r}/{args.pod_name!r} -> {args.node!r}"))  # fmt: skip
@@ -175,10 +174,10 @@ class Extender:
         try:
             await self.binder.bind(args)
         except BindError as e:
-            m.binds["error"] += 1
+            m.bind(False)
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
-        m.binds["success"] += 1
+        m.bind(True)
         if pod is not None and not pod.empty:
             self.view.assume(args.pod_uid or pod.uid, args.node, pod)
         return self._json(protocol.encode_binding_result())
@@ -194,9 +193,7 @@ class Extender:
         return web.Response(status=503, text="caches not synced\n")
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.render().encode(), headers={"Content-Type": PROMETHEUS_TEXT}
-        )
+        return web.Response(body=await self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 EXTENDER = web.AppKey("extender", Extender)
