@@ -52,6 +52,7 @@ from kubernetes.aio import client as kclient
 
 from agent import configwatching
 from agent.kubewatching import Key, Obj, Reflector
+from agent.metrics import AgentMetrics
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.reloading import ConfigReloader
 from agent.running import Snapshot
@@ -157,9 +158,11 @@ class Publisher:
         settings: PublishSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.agent = agent
         self.node_name = node_name
+        self.metrics = metrics or AgentMetrics()
         self.settings = settings or PublishSettings()
         self._custom = kclient.CustomObjectsApi(api)
         self._core = kclient.CoreV1Api(api)
@@ -167,6 +170,7 @@ class Publisher:
         self._clock = clock
         self.pods = PodIndex(api, node_name, self._mark_dirty_and_poll)
         self._dirty = asyncio.Event()
+        self._dirty_since: float | None = None  # clock() of the first change not yet written
         self._kick = asyncio.Event()
         self._listed = asyncio.Event()
         self._listing: tuple[statebuilding.PodDevices, ...] = ()
@@ -182,8 +186,13 @@ class Publisher:
 
     # -- signals ---------------------------------------------------------------------------
 
-    def _mark_dirty_and_poll(self) -> None:
+    def _mark_dirty(self) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = self._clock()
         self._dirty.set()
+
+    def _mark_dirty_and_poll(self) -> None:
+        self._mark_dirty()
         self._kick.set()
 
     # -- the state -------------------------------------------------------------------------
@@ -274,7 +283,7 @@ class Publisher:
             )
             self._listed.set()
             if changed or pending:
-                self._dirty.set()
+                self._mark_dirty()
 
     async def _write_forever(self) -> None:
         s = self.settings
@@ -293,6 +302,8 @@ class Publisher:
                 wait = max(s.debounce_s, last_write + s.min_interval_s - self._clock())
                 await asyncio.sleep(wait)
             self._dirty.clear()
+            # Changes from here on are read by current_state() or start a new measurement.
+            since, self._dirty_since = self._dirty_since, None
             now = self._clock()
             if now >= last_resync + s.resync_s:
                 last_resync = now
@@ -300,6 +311,8 @@ class Publisher:
             heartbeat = s.heartbeat_s > 0 and now >= self._published_at + s.heartbeat_s
             if await self._publish_until_done(heartbeat=heartbeat):
                 last_write = self._clock()
+                if since is not None:
+                    self.metrics.state_publish_delay.observe(last_write - since)
 
     async def _resync(self) -> None:
         try:
@@ -348,6 +361,7 @@ class Publisher:
 
     async def _back_off(self, exc: BaseException, backoff: float) -> None:
         self.write_failures += 1
+        self.metrics.state_write_errors.inc()
         outage = is_api_outage(exc)
         log.log(
             logging.WARNING if outage else logging.ERROR,
@@ -386,6 +400,7 @@ class Publisher:
         self.published = state
         self._published_at = self._clock()
         self.writes += 1
+        self.metrics.state_writes.inc()
         log.debug("published NodeGpuState %s (write %d)", self.node_name, self.writes)
 
     async def _get_or_create(self) -> dict[str, Any]:
@@ -463,6 +478,7 @@ async def run_publication(
     settings: PublishSettings | None = None,
     config_source: configwatching.ConfigSource | None = None,
     reloader: ConfigReloader | None = None,
+    metrics: AgentMetrics | None = None,
 ) -> None:
     """Publish the node's NodeGpuState (and, with `config_source`, follow the per-node config)
     until cancelled. Meant to run as one supervised task next to `Agent.run()`; it raises only on
@@ -471,12 +487,13 @@ async def run_publication(
     `reloader` (the agent's SIGHUP config loader) follows the per-node config while it is
     watched, so SIGHUP re-applies the named config in charge rather than the file."""
     async with PodResourcesClient(pod_resources_socket) as pod_resources:
-        publisher = Publisher(agent, api, node_name, pod_resources, settings)
+        metrics = metrics or AgentMetrics()
+        publisher = Publisher(agent, api, node_name, pod_resources, settings, metrics=metrics)
         tasks = Supervisor(f"publication {node_name}")
         tasks.spawn("publication:publisher", publisher.run())
         watcher = None
         if config_source is not None:
-            watcher = configwatching.ConfigWatcher(agent, api, node_name, config_source)
+            watcher = configwatching.ConfigWatcher(agent, api, node_name, config_source, metrics=metrics)
             tasks.spawn("publication:config", watcher.run())
             if reloader is not None:
                 reloader.follow(watcher)

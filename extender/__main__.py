@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from common import fragmentation
+from common import addresses, fragmentation
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
@@ -64,10 +64,7 @@ class Options:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"invalid --listen option: {self.listen!r} (want HOST:PORT)")
-        return host.strip("[]") or "0.0.0.0", int(port)
+        return addresses.listen_address(self.listen, flag="--listen")
 
 
 def parse_args(argv: Sequence[str]) -> Options:

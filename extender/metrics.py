@@ -30,7 +30,7 @@ from common.state import NodeState
 
 # A `_created` series per counter and histogram doubles what Prometheus stores and says nothing
 # a restart-aware rate() does not; process-wide, so set once here.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
