@@ -1,0 +1,140 @@
+"""deploy/grafana/sharepack.json asks only for metrics that the running processes export: every
+PromQL expression is parsed, and each metric name it uses must appear in a scrape of a real
+extender process and a real agent process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sandbox.kubelet import FakeKubelet
+from tests.agent.test_cli import _Lines
+from tests.agent.test_monitoring import agent_process
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "sharepack.json"
+
+# Aggregations and functions the dashboard may call, and the words PromQL reserves.
+FUNCTIONS = frozenset({
+    "sum", "max", "min", "avg", "count", "topk", "bottomk", "rate", "irate", "increase", "delta",
+    "histogram_quantile", "vector", "clamp_min", "clamp_max", "abs", "label_values",
+})  # fmt: skip
+KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"})
+LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (label matchers, ranges, label lists, strings
+    and numbers removed; what is left is functions, keywords and metric names)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = LABEL_LISTS.sub("", text)
+    text = re.sub(r"\b\d+(?:\.\d+)?(?:e[+-]?\d+)?\b", "", text)
+    names = set()
+    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        token = match.group()
+        if text[match.end():].lstrip().startswith("("):
+            assert token in FUNCTIONS, f"{token}(...) in {expr!r} is not a function this test knows"
+        elif token not in KEYWORDS:
+            names.add(token)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        pytest.param('histogram_quantile(0.99, sum by (le, verb) (rate(x_seconds_bucket{verb="bind"}[$__rate_interval])))',
+                     {"x_seconds_bucket"}, id="a quantile over a histogram names its bucket series"),
+        pytest.param('sum(increase(a_total{outcome="match"}[$__range])) / sum(increase(a_total[$__range]))', {"a_total"},
+                     id="a ratio of one counter"),
+        pytest.param('count(b == 0) or vector(0)', {"b"}, id="comparisons, or and vector"),
+        pytest.param('sum by (node) (c{node=~"$node", x="sum(d)"}) / on (node) e', {"c", "e"},
+                     id="label values and label lists are not metrics"),
+    ],
+)  # fmt: skip
+def test_metric_names_are_found_in_promql(expr: str, names: set[str]) -> None:
+    assert metric_names(expr) == names
+
+
+def expressions(doc: Any) -> Iterator[str]:
+    """Every PromQL expression of the dashboard: panel targets (rows included) and the
+    `label_values(metric, label)` queries of its variables (as the metric selector)."""
+    for panel in doc["panels"]:
+        for inner in (panel, *panel.get("panels", ())):
+            for target in inner.get("targets", ()):
+                yield target["expr"]
+    for variable in doc["templating"]["list"]:
+        if variable["type"] == "query":
+            query = variable["query"]["query"]
+            found = re.fullmatch(r"label_values\((.+),\s*\w+\)", query)
+            assert found, f"variable {variable['name']}: {query}"
+            yield found.group(1)
+
+
+def exported(text: str) -> set[str]:
+    """Series names a scrape can have: every family's TYPE line, histograms with their
+    `_bucket`, `_sum` and `_count` (labelled families show no sample before their first use)."""
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE):
+        names.add(name)
+        if kind == "histogram":
+            names |= {name + "_bucket", name + "_sum", name + "_count"}
+    return names
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url) as resp:
+        assert resp.status == 200, f"{url}: HTTP {resp.status}"
+        return await resp.text()
+
+
+async def extender_metrics() -> str:
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}  # no API: serves anyway
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "extender", "--listen", "127.0.0.1:0",
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        line = await _Lines(proc.stderr).wait_for(r"serving on 127\.0\.0\.1:\d+")
+        port = re.search(r"127\.0\.0\.1:(\d+)", line)
+        assert port is not None
+        async with aiohttp.ClientSession() as session:
+            return await scrape(session, f"http://127.0.0.1:{port.group(1)}/metrics")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+async def agent_metrics() -> str:
+    root = Path(tempfile.mkdtemp(prefix="spd-", dir="/tmp"))
+    control = root / "nvml-control"
+    control.touch()
+    try:
+        async with FakeKubelet(root) as kubelet, agent_process(kubelet, control) as (http, _):
+            await http.wait_ready()
+            return (await http.get("/metrics"))[1]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_every_metric_the_dashboard_queries_is_exported() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    used = {name: expr for expr in expressions(doc) for name in metric_names(expr)}
+    assert any(n.startswith("sharepack_extender_") for n in used) and any(n.startswith("sharepack_agent_") for n in used)
+    available = exported(await extender_metrics()) | exported(await agent_metrics())
+    missing = {name: expr for name, expr in used.items() if name not in available}
+    assert not missing, f"the dashboard queries metrics no process exports: {missing}"
