@@ -171,7 +171,6 @@ class ClusterView:
         """Set (or, with None, drop) a node's published state, keeping resource counts."""
         counts = self._publishers
         old = self.published.pop(name, None)
-        self.gauges.pop(name, None)
         if old is not None:
             for r in {r.name for r in old[1].resources}:
                 left = counts[r] - 1
@@ -180,9 +179,14 @@ class ClusterView:
                 else:
                     del counts[r]
                     self._known = None
-        if entry is not None:
+        if entry is None:
+            self.gauges.pop(name, None)
+        else:
             self.published[name] = entry
-            self.gauges[name] = node_gauges(name, entry[1])
+            gauges = node_gauges(name, entry[1])
+            kept = self.gauges.get(name)
+            if kept is None or kept.values != gauges.values:  # a heartbeat keeps the formatted text
+                self.gauges[name] = gauges
             for r in {r.name for r in entry[1].resources}:
                 if r not in counts:
                     self._known = None

@@ -73,6 +73,13 @@ async def test_node_and_gpu_gauges_follow_published_states_not_assumed_pods() ->
     assert m[f'sharepack_extender_gpu_devices_allocated{{gpu="0",{gpu0}}}'] == 3
     assert not [k for k in m if 'node="node-b"' in k]
 
+    # A heartbeat (same values, new resourceVersion) keeps the node's formatted text.
+    formatted = view.gauges["node-a"]
+    view.upsert_state(state_obj("node-a", [(4, 3, ("p0", "p2")), (4, 0, ())], rv="3"))
+    assert view.gauges["node-a"] is formatted
+    view.upsert_state(state_obj("node-a", [(4, 4, ("p0", "p2", "p3")), (4, 0, ())], rv="4"))
+    assert (await scrape(view))['sharepack_extender_node_stranded_replicas{node="node-a"}'] == 0
+
 
 async def test_an_unreadable_state_has_no_gauges() -> None:
     view = ClusterView(Policy.PACKED)
