@@ -12,7 +12,6 @@ It starts before NVML is read, so the probes answer (not ready) while the agent 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -47,18 +46,14 @@ class MonitoringServer:
 
     async def start(self) -> None:
         """Raises OSError when the address cannot be bound."""
-        runner = web.AppRunner(self.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        runner = self._runner = web.AppRunner(self.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         try:
-            await site.start()
+            await web.TCPSite(runner, self.host, self.port, reuse_address=True).start()
         except BaseException:
-            await runner.cleanup()
+            await self.stop()
             raise
-        self._runner = runner
-        server = site._server  # the bound port; aiohttp exposes it only here
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = runner.addresses[0][1]  # the bound port (0 picks one)
         log.info("serving /metrics, /healthz and /readyz on %s:%d", self.host, self.port)
 
     async def stop(self) -> None:

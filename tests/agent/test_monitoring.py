@@ -7,7 +7,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +20,7 @@ from agent.nvmlsim import CONTROL_ENV, control_line
 from common.devices import physical_key
 from extender.metrics import parse_text
 from sandbox.kubelet import FakeKubelet
-from tests.agent.harness import pod
+from tests.agent.harness import pod, stop_process
 from tests.agent.test_cli import GOOD, _Lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,12 +81,9 @@ async def agent_process(kubelet: FakeKubelet, control: Path) -> AsyncIterator[tu
         port = int(re.findall(r":(\d+)", line)[-1])
         async with aiohttp.ClientSession() as session:
             yield Endpoint(session, port), lines
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        assert await stop_process(proc) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await stop_process(proc)
 
 
 async def test_endpoints_follow_registration_allocation_health_and_kubelet_restarts() -> None:

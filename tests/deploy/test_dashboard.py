@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import aiohttp
 import pytest
 
 from sandbox.kubelet import FakeKubelet
+from tests.agent.harness import stop_process
 from tests.agent.test_cli import _Lines
 from tests.agent.test_monitoring import agent_process
 
@@ -115,8 +115,7 @@ async def extender_metrics() -> str:
         async with aiohttp.ClientSession() as session:
             return await scrape(session, f"http://127.0.0.1:{port.group(1)}/metrics")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(proc.wait(), 10)
+        await stop_process(proc)
 
 
 async def agent_metrics() -> str:
