@@ -13,12 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SIM_ONLY = ("numpy", "matplotlib")
 
-# In a fresh interpreter: import every module of the agent and the extender, then report which
-# distributions the imported top-level modules come from.
+# In a fresh interpreter: import every module of the packages named on the command line, then
+# report which distributions the imported top-level modules come from.
 PROBE = """
 import importlib, json, pkgutil, sys
 from importlib import metadata
-for package in ("agent", "extender"):
+for package in sys.argv[1:]:
     module = importlib.import_module(package)
     for info in pkgutil.walk_packages(module.__path__, package + "."):
         importlib.import_module(info.name)
@@ -42,13 +42,25 @@ def _project() -> dict[str, object]:
     return project
 
 
-def test_the_agent_and_extender_import_no_simulator_module_and_every_base_dependency() -> None:
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
+def _probe(*packages: str) -> dict[str, list[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *packages], capture_output=True, text=True, cwd=ROOT, timeout=120, check=True
+    )
     probe = json.loads(done.stdout)
+    assert isinstance(probe, dict)
+    return probe
+
+
+def test_the_agent_and_extender_import_no_simulator_module_and_every_base_dependency() -> None:
+    probe = _probe("agent", "extender")
     assert not set(SIM_ONLY) & set(probe["modules"]), probe["modules"]
     imported = {_canonical(d) for d in probe["distributions"]}
     base = {_canonical(r) for r in _project()["dependencies"]}  # type: ignore[union-attr]
     assert base - imported == set(), "base dependencies the agent and the extender never import"
+
+
+def test_the_demo_runs_on_a_plain_install_too() -> None:
+    assert not set(SIM_ONLY) & set(_probe("sandbox")["modules"])
 
 
 def test_numpy_and_matplotlib_come_with_the_sim_extra_which_the_tests_pull_in() -> None:
