@@ -11,7 +11,7 @@ tests read them); rename none without updating those.
   it; a heartbeat keeps the old one). The library formats a node's samples once, at the first
   scrape after the change, and keeps the text; a scrape joins the nodes' texts under one
   HELP/TYPE header per family, in a worker thread over a snapshot. Formatting every sample on
-  every scrape cost 0.5 s at 1,000 nodes (about 3 series per GPU) on our shared 2-core machine
+  every scrape cost 0.3-0.5 s at 1,000 nodes (about 3 series per GPU) on our shared 2-core machine
   and held the event loop's GIL while scheduling requests waited.
 """
 
@@ -225,7 +225,7 @@ _HEADERS = _headers()
 
 def parse_text(text: str) -> dict[str, float]:
     """Sample -> value, keyed `name{a="x",b="y"}` with labels in name order (as this library
-    writes them): for tests and the benchmark."""
+    writes them): for the tests and the demo."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
