@@ -291,6 +291,7 @@ class Publisher:
         # without UIDs before the first list of pods (without the API we cannot write anyway).
         await self._listed.wait()
         await self.pods.reflector.synced.wait()
+        self._dirty_since = None  # the first write publishes the start, not a change: not timed
         last_write = float("-inf")
         last_resync = self._clock()
         while True:
