@@ -303,8 +303,6 @@ class Publisher:
                 wait = max(s.debounce_s, last_write + s.min_interval_s - self._clock())
                 await asyncio.sleep(wait)
             self._dirty.clear()
-            # Changes from here on are read by current_state() or start a new measurement.
-            since, self._dirty_since = self._dirty_since, None
             now = self._clock()
             if now >= last_resync + s.resync_s:
                 last_resync = now
@@ -312,8 +310,6 @@ class Publisher:
             heartbeat = s.heartbeat_s > 0 and now >= self._published_at + s.heartbeat_s
             if await self._publish_until_done(heartbeat=heartbeat):
                 last_write = self._clock()
-                if since is not None:
-                    self.metrics.state_publish_delay.observe(last_write - since)
 
     async def _resync(self) -> None:
         try:
@@ -340,12 +336,18 @@ class Publisher:
         in any case, to refresh `observedAt`); retry until done."""
         backoff = 0.0
         stale_retried = False
+        since: float | None = None  # the oldest change the state written includes
         while True:
+            # Every change marked so far is in the state read now; later ones mark anew.
+            since = self._dirty_since if since is None else since
+            self._dirty_since = None
             state = self.current_state()
             if not heartbeat and statebuilding.same_content(state, self.published):
                 return False
             try:
                 await self._write(state)
+                if since is not None:
+                    self.metrics.state_publish_delay.observe(self._clock() - since)
                 return True
             except kclient.ApiException as e:
                 if e.status in (404, 409) and not stale_retried:
