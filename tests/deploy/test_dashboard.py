@@ -1,12 +1,13 @@
 """deploy/grafana/sharepack.json asks only for metrics that the running processes export: every
 PromQL expression is parsed, and each metric name it uses must appear in a scrape of a real
-extender process and a real agent process."""
+extender process and a real agent process; the label names it filters or groups by must be on
+one of the metrics it selects (the processes are driven first, so that labelled series exist:
+an allocation and an XID on the agent, a published state and a request on the extender)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 import sys
@@ -18,10 +19,16 @@ from typing import Any
 import aiohttp
 import pytest
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.nvmlsim import control_line
+from common.devices import physical_key
+from sandbox.apiserver import FakeApiServer
 from sandbox.kubelet import FakeKubelet
-from tests.agent.harness import stop_process
+from tests.agent.harness import pod, stop_process
 from tests.agent.test_cli import _Lines
 from tests.agent.test_monitoring import agent_process
+from tests.extender.test_service import publish
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "sharepack.json"
@@ -33,6 +40,15 @@ FUNCTIONS = frozenset({
 })  # fmt: skip
 KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"})
 LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+
+
+def label_names(expr: str) -> set[str]:
+    """Label names an expression matches on (`{a="x"}`) or groups by (`by (a, b)`)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    names = {m for block in re.findall(r"\{([^}]*)\}", text) for m in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", block)}
+    for block in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", text):
+        names |= {n.strip() for n in block.split(",") if n.strip()}
+    return names
 
 
 def metric_names(expr: str) -> set[str]:
@@ -69,6 +85,11 @@ def test_metric_names_are_found_in_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
 
 
+def test_label_names_are_found_in_promql() -> None:
+    expr = 'sum by (node, gpu) (a{node=~"$node", x!="y{z=1}"}) / on (node) b{le="0.5"}'
+    assert label_names(expr) == {"node", "gpu", "x", "le"}
+
+
 def expressions(doc: Any) -> Iterator[str]:
     """Every PromQL expression of the dashboard: panel targets (rows included) and the
     `label_values(metric, label)` queries of its variables (as the metric selector)."""
@@ -84,14 +105,18 @@ def expressions(doc: Any) -> Iterator[str]:
             yield found.group(1)
 
 
-def exported(text: str) -> set[str]:
-    """Series names a scrape can have: every family's TYPE line, histograms with their
-    `_bucket`, `_sum` and `_count` (labelled families show no sample before their first use)."""
-    names = set()
+def exported(text: str) -> dict[str, set[str]]:
+    """Series name -> the label names its samples carry. Every family's TYPE line counts (a
+    labelled family shows no sample before its first use), histograms with their `_bucket`,
+    `_sum` and `_count`."""
+    names: dict[str, set[str]] = {}
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE):
-        names.add(name)
-        if kind == "histogram":
-            names |= {name + "_bucket", name + "_sum", name + "_count"}
+        suffixes = ("_bucket", "_sum", "_count") if kind == "histogram" else ("",)
+        for suffix in suffixes:
+            names[name + suffix] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            names.setdefault(sample.name, set()).update(sample.labels)
     return names
 
 
@@ -101,39 +126,60 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> str:
         return await resp.text()
 
 
-async def extender_metrics() -> str:
-    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}  # no API: serves anyway
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "extender", "--listen", "127.0.0.1:0",
-        stderr=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    try:
-        line = await _Lines(proc.stderr).wait_for(r"serving on 127\.0\.0\.1:\d+")
-        port = re.search(r"127\.0\.0\.1:(\d+)", line)
-        assert port is not None
-        async with aiohttp.ClientSession() as session:
-            return await scrape(session, f"http://127.0.0.1:{port.group(1)}/metrics")
-    finally:
-        await stop_process(proc)
+async def extender_metrics(root: Path) -> str:
+    """A real extender on the sandbox API server with one node's published state, after one
+    /filter call."""
+    async with FakeApiServer() as api:
+        publish(api, "node-0", [(4, 1, ("p0",)), (4, 0, ())])
+        kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "extender", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig),
+            stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        try:
+            line = await _Lines(proc.stderr).wait_for(r"serving on 127\.0\.0\.1:\d+")
+            port = re.search(r"127\.0\.0\.1:(\d+)", line)
+            assert port is not None
+            base = f"http://127.0.0.1:{port.group(1)}"
+            async with aiohttp.ClientSession() as session:
+                async with asyncio.timeout(20):
+                    while 'node="node-0"' not in await scrape(session, base + "/metrics"):
+                        await asyncio.sleep(0.05)
+                async with session.post(base + "/filter", data=b"{") as resp:
+                    assert resp.status == 400  # counted like any request
+                return await scrape(session, base + "/metrics")
+        finally:
+            await stop_process(proc)
 
 
-async def agent_metrics() -> str:
-    root = Path(tempfile.mkdtemp(prefix="spd-", dir="/tmp"))
+async def agent_metrics(root: Path) -> str:
+    """A real agent after one allocation and one XID."""
     control = root / "nvml-control"
     control.touch()
-    try:
-        async with FakeKubelet(root) as kubelet, agent_process(kubelet, control) as (http, _):
-            await http.wait_ready()
-            return (await http.get("/metrics"))[1]
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    async with FakeKubelet(root) as kubelet, agent_process(kubelet, control) as (http, _):
+        await http.wait_ready()
+        admission = await kubelet.admit_pod(pod("a", "nvidia.com/gpu"))
+        (device,) = admission.devices("main", "nvidia.com/gpu")
+        with control.open("a") as f:
+            f.write(control_line(physical_key(device), 79))
+        async with asyncio.timeout(20):
+            while "sharepack_agent_xids_total{" not in (text := (await http.get("/metrics"))[1]):
+                await asyncio.sleep(0.05)
+        return text
 
 
 async def test_every_metric_the_dashboard_queries_is_exported() -> None:
     doc = json.loads(DASHBOARD.read_text())
     used = {name: expr for expr in expressions(doc) for name in metric_names(expr)}
     assert any(n.startswith("sharepack_extender_") for n in used) and any(n.startswith("sharepack_agent_") for n in used)
-    available = exported(await extender_metrics()) | exported(await agent_metrics())
+    root = Path(tempfile.mkdtemp(prefix="spd-", dir="/tmp"))
+    try:
+        available = exported(await extender_metrics(root)) | exported(await agent_metrics(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     missing = {name: expr for name, expr in used.items() if name not in available}
     assert not missing, f"the dashboard queries metrics no process exports: {missing}"
+    for expr in expressions(doc):
+        carried = set().union(*(available[n] for n in metric_names(expr)))
+        assert label_names(expr) <= carried, f"{expr}: no metric it selects has {label_names(expr) - carried}"
