@@ -10,6 +10,8 @@ COPY cli cli
 COPY proto proto
 COPY sandbox sandbox
 COPY tracesim tracesim
+# The lean set: no extras, so no numpy or matplotlib (only sharepack-simulate needs them, with
+# `sharepack[sim]`); tests/static/test_lean_install.py checks the two processes import neither.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

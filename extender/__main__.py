@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from common import fragmentation, podrequests
+from common import addresses, fragmentation, podrequests
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
@@ -75,18 +75,11 @@ class Options:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        return host_port(self.listen, "--listen")
+        return addresses.listen_address(self.listen, flag="--listen")
 
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert_file and self.tls_private_key_file)
-
-
-def host_port(value: str, flag: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"invalid {flag} option: {value!r} (want HOST:PORT)")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def transport_problem(opts: Options) -> str | None:
@@ -195,7 +188,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     try:
         opts.host_port
         if opts.metrics_listen:
-            host_port(opts.metrics_listen, "--metrics-listen")
+            addresses.listen_address(opts.metrics_listen, flag="--metrics-listen")
     except ValueError as e:
         p.error(str(e))
     return opts
@@ -331,7 +324,7 @@ class Service:
             self.port = await self._serve(self.extender.app(max_body_bytes=self.opts.max_body_bytes),
                                           host, port, ssl_context)  # fmt: skip
             if self.opts.metrics_listen:
-                m_host, m_port = host_port(self.opts.metrics_listen, "--metrics-listen")
+                m_host, m_port = addresses.listen_address(self.opts.metrics_listen, flag="--metrics-listen")
                 self.metrics_port = await self._serve(self.extender.probe_app(), m_host, m_port, None)
         except BaseException:
             await self._cleanup_runners()

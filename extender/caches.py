@@ -38,7 +38,7 @@ from common.policies import NodePolicy, Policy
 from common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
 from common.state import NodeState, from_status, observed_epoch
 from extender import protocol
-from extender.metrics import Metrics
+from extender.metrics import Metrics, NodeGauges, node_gauges
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,9 @@ class ClusterView:
         self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
         self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
         self.templates = ScoreTemplates(node_policy, workload=workload)
+        # Per node gauge rows, recomputed with each published state (never per scrape).
+        self.gauges: dict[str, NodeGauges] = {}
+        self.metrics.node_rows(lambda: tuple(self.gauges.values()))
 
     # -- NodeGpuState events ---------------------------------------------------------------
 
@@ -159,8 +162,14 @@ class ClusterView:
                 else:
                     del counts[r]
                     self._known = None
-        if entry is not None:
+        if entry is None:
+            self.gauges.pop(name, None)
+        else:
             self.published[name] = entry
+            gauges = node_gauges(name, entry[1])
+            kept = self.gauges.get(name)
+            if kept is None or kept.values != gauges.values:  # a heartbeat keeps the formatted text
+                self.gauges[name] = gauges
             for r in {r.name for r in entry[1].resources}:
                 if r not in counts:
                     self._known = None

@@ -21,7 +21,7 @@ from extender import explaining, protocol
 from extender.binding import Binder, BindError
 from extender.bindguard import BindGuard, Refusal
 from extender.caches import ClusterView
-from extender.metrics import Metrics
+from extender.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit; more i
 FAILED_PREFIX = "sharepack: "
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Extender:
@@ -171,7 +170,7 @@ class Extender:
             return self._bad(e)
         m = self.metrics
         if self.binder is None:
-            m.binds["error"] += 1
+            m.bind(False)
             return self._json(protocol.encode_binding_result(
                 "binding is not available: the extender runs without Kubernetes API access"))  # fmt: skip
         verdict = await self.guard.admit(args, self.binder.get_pod)
@@ -183,10 +182,10 @@ class Extender:
         try:
             await self.binder.bind(args)
         except BindError as e:
-            m.binds["error"] += 1
+            m.bind(False)
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
-        m.binds["success"] += 1
+        m.bind(True)
         if not verdict.request.empty:
             self.view.assume(args.pod_uid, args.node, verdict.request)
         return self._json(protocol.encode_binding_result())
@@ -212,9 +211,7 @@ class Extender:
         return web.Response(status=503, text="caches not synced\n")
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.render().encode(), headers={"Content-Type": PROMETHEUS_TEXT}
-        )
+        return web.Response(body=await self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 EXTENDER = web.AppKey("extender", Extender)

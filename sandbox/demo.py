@@ -34,6 +34,7 @@ from common import bars
 from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
+from extender.metrics import parse_text
 from sandbox import certificates, controlplane, kubebuild
 from sandbox.apiserver import FakeApiServer
 from sandbox.controlplane import ControlPlaneUnavailable, RealControlPlane, free_port
@@ -309,12 +310,11 @@ class Sandbox:
         """Every node has published its NodeGpuState and the extender holds them all. Ready
         means its caches listed once, maybe before an agent's first write: a pod scheduled then
         is scored as on unknown nodes, and `node_states()` can meet a 404."""
-        want = f"sharepack_extender_cache_nodes {len(self.nodes)}"
         deadline = time.monotonic() + PUBLISH_TIMEOUT_S
         while True:
             with contextlib.suppress(aiohttp.ClientError):
                 async with self.session.get(f"{replica.url}/metrics") as resp:
-                    if want in (await resp.text()).splitlines():
+                    if parse_text(await resp.text()).get("sharepack_extender_cache_nodes") == len(self.nodes):
                         return
             if time.monotonic() > deadline:
                 raise DemoError(f"the extender did not cache every node's NodeGpuState within {PUBLISH_TIMEOUT_S} s")

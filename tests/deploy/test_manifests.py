@@ -3,7 +3,6 @@ flags, ports, paths and objects the code actually uses (one source of truth, no 
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import shutil
 import subprocess
@@ -16,7 +15,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent import nvml, nvmlsim, registering
+from agent import monitoring, nvml, nvmlsim
+from agent.metrics import AgentMetrics
+from common import addresses
 from common import config as agent_config
 from common import resources
 from common import state
@@ -139,18 +140,20 @@ def test_agent_mounts_the_kubelet_socket_directories_it_is_told_to_use() -> None
             assert str(Path(value).parent) in mounts
 
 
-def test_agent_probes_look_for_the_sockets_the_agent_serves_and_node_name_comes_from_the_pod() -> None:
+def test_agent_probes_use_its_http_endpoint_and_node_name_comes_from_the_pod() -> None:
     container = _container("DaemonSet", "sharepack-agent")
-    sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
-    sockets = [registering.socket_name(r["name"]) for r in sched["extenders"][0]["managedResources"]]
-    kubelet_dir = next(
-        str(Path(a.split("=", 1)[1]).parent) for a in container["args"] if a.startswith("--kubelet-socket=")
-    )
-    for probe in ("livenessProbe", "readinessProbe"):
-        (pattern,) = re.findall(r"\S+\.sock", container[probe]["exec"]["command"][-1])
-        assert str(Path(pattern).parent) == kubelet_dir, f"{probe} looks in {pattern}, not in {kubelet_dir}"
-        unmatched = [s for s in sockets if not fnmatch.fnmatch(s, Path(pattern).name)]
-        assert not unmatched, f"{probe} pattern {pattern} misses the agent's sockets {unmatched}"
+    listen = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--metrics-listen="))
+    port = addresses.listen_address(listen, flag="--metrics-listen")[1]
+    (named,) = [p for p in container["ports"] if p["name"] == "metrics"]
+    assert named["containerPort"] == port
+    probes = {probe: container[probe]["httpGet"] for probe in ("livenessProbe", "readinessProbe")}
+    assert probes == {
+        "livenessProbe": {"path": "/healthz", "port": "metrics"},
+        "readinessProbe": {"path": "/readyz", "port": "metrics"},
+    }
+    app = monitoring.MonitoringServer(AgentMetrics(), "127.0.0.1", 0).app()
+    served = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    assert {p["path"] for p in probes.values()} <= served
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert "NODE_NAME" in _help("agent")
