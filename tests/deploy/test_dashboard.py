@@ -133,7 +133,7 @@ async def extender_metrics(root: Path) -> str:
         publish(api, "node-0", [(4, 1, ("p0",)), (4, 0, ())])
         kubeconfig = api.write_kubeconfig(root / "kubeconfig")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "extender", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig),
+            sys.executable, "-m", "extender", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig), "--insecure-http",
             stderr=asyncio.subprocess.PIPE, cwd=ROOT,
         )  # fmt: skip
         assert proc.stderr is not None
