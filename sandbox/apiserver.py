@@ -44,6 +44,9 @@ import orjson
 import yaml
 from aiohttp import web
 
+from sandbox import apiserver_fields as fields
+from sandbox import apiserver_openapi as openapi
+from sandbox import apiserver_protobuf as protobuf
 from sandbox import apiserver_resources as resources
 from sandbox import apiserver_tables as tables
 from sandbox.apiserver_resources import ResourceType
@@ -225,6 +228,8 @@ class FakeApiServer:
             doc = self._discovery(parts)
             if doc is not None:
                 return _json_response(doc)
+            if parts[:1] == ["openapi"]:
+                return self._openapi(parts[1:])
         target = self._route(parts)
         if target is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -247,6 +252,21 @@ class FakeApiServer:
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return {"status": "ok"}
         return None
+
+    @staticmethod
+    def _openapi(parts: list[str]) -> web.Response:
+        body: bytes | None = None
+        if parts == ["v2"]:
+            body = openapi.v2_document()
+        elif parts == ["v3"]:
+            body = orjson.dumps(openapi.v3_root())
+        elif parts[:1] == ["v3"] and parts[1:2] == ["api"] and len(parts) == 3:
+            body = openapi.v3_document("", parts[2])
+        elif parts[:1] == ["v3"] and parts[1:2] == ["apis"] and len(parts) == 4:
+            body = openapi.v3_document(parts[2], parts[3])
+        if body is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return web.Response(body=body, content_type=_JSON)
 
     @staticmethod
     def _route(parts: list[str]) -> _Target | None:
@@ -284,6 +304,64 @@ class FakeApiServer:
             raise bad_request(f"the body of the request could not be decoded as JSON: {e}") from None
 
     async def _serve(self, request: web.Request, t: _Target) -> web.StreamResponse:
+        if t.rt.virtual:
+            if request.method != "POST" or t.name:
+                raise ApiError(405, "MethodNotAllowed", f"{t.rt.plural} only supports create")
+            if request.content_type == protobuf.MEDIA_TYPE:
+                try:
+                    review = protobuf.decode_self_subject_access_review(await request.read())
+                except protobuf.ProtobufError as e:
+                    raise bad_request(f"the body of the request could not be decoded as protobuf: {e}") from None
+            else:
+                review = await self._body(request)
+            return _json_response(self._access_review(review), 201)
+        if request.method not in ("POST", "PUT", "PATCH"):
+            return await self._read_or_delete(request, t)
+        try:
+            mode = fields.mode(request.query.get("fieldValidation", ""))
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        body = await self._body(request)
+        # Synchronous from here: no other request runs inside the store's field_validation.
+        with self.store.field_validation(mode) as warnings:
+            response = self._write(request, t, body)
+        for warning in warnings:
+            response.headers.add("Warning", f'299 - "{warning.replace(chr(34), chr(92) + chr(34))}"')
+        return response
+
+    @staticmethod
+    def _access_review(body: Any) -> Obj:
+        """A SelfSubjectAccessReview: the sandbox has no authorization, so everything is allowed,
+        and the answer says why."""
+        if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+            raise bad_request("a SelfSubjectAccessReview needs a spec")
+        review = resources.SELF_SUBJECT_ACCESS_REVIEWS
+        return {
+            "kind": review.kind, "apiVersion": review.api_version,
+            "metadata": {"creationTimestamp": None}, "spec": body["spec"],
+            "status": {"allowed": True,
+                       "reason": "the sharepack sandbox API server has no authorization: every request is allowed"},
+        }  # fmt: skip
+
+    def _write(self, request: web.Request, t: _Target, body: Any) -> web.Response:
+        store, method, ns = self.store, request.method, t.namespace or ""
+        if not t.name and method == "POST":
+            if t.namespace is None:
+                raise ApiError(405, "MethodNotAllowed", "create requires a namespace")
+            return _json_response(store.create(t.rt, ns, body), 201)
+        if t.subresource == "binding":
+            if method != "POST":
+                raise ApiError(405, "MethodNotAllowed", "binding only supports create")
+            store.bind(ns, t.name, body)
+            return _json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+        if t.name and method == "PUT":
+            return _json_response(store.update(t.rt, ns, t.name, body, t.subresource))
+        if t.name and method == "PATCH":
+            ctype = request.headers.get("Content-Type", "")
+            return _json_response(store.patch(t.rt, ns, t.name, ctype, body, t.subresource))
+        raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed here")
+
+    async def _read_or_delete(self, request: web.Request, t: _Target) -> web.StreamResponse:
         store, q, method = self.store, request.query, request.method
         ns = t.namespace or ""
         if not t.name:
@@ -296,10 +374,6 @@ class FakeApiServer:
                 if tables.wants_table(request.headers.get("Accept", "")):
                     listed = tables.table(t.rt, listed["items"], listed["metadata"], q.get("includeObject", ""))
                 return _json_response(listed)
-            if method == "POST":
-                if t.namespace is None:
-                    raise ApiError(405, "MethodNotAllowed", "create requires a namespace")
-                return _json_response(store.create(t.rt, ns, await self._body(request)), 201)
             if method == "DELETE":
                 matches = store.matcher(t.rt, q.get("labelSelector", ""), q.get("fieldSelector", ""))
                 listed = store.list(t.rt, t.namespace, matches)
@@ -310,21 +384,13 @@ class FakeApiServer:
                 return _json_response(listed)
             raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed on a collection")
         if t.subresource == "binding":
-            if method != "POST":
-                raise ApiError(405, "MethodNotAllowed", "binding only supports create")
-            store.bind(ns, t.name, await self._body(request))
-            return _json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+            raise ApiError(405, "MethodNotAllowed", "binding only supports create")
         if method == "GET":
             obj = store.get(t.rt, ns, t.name)
             if tables.wants_table(request.headers.get("Accept", "")) and not t.subresource:
                 meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
                 obj = tables.table(t.rt, [obj], meta, q.get("includeObject", ""))
             return _json_response(obj)
-        if method == "PUT":
-            return _json_response(store.update(t.rt, ns, t.name, await self._body(request), t.subresource))
-        if method == "PATCH":
-            ctype = request.headers.get("Content-Type", "")
-            return _json_response(store.patch(t.rt, ns, t.name, ctype, await self._body(request), t.subresource))
         if method == "DELETE" and not t.subresource:
             body = await self._body(request)
             return _json_response(store.delete(t.rt, ns, t.name, body if isinstance(body, dict) else None))

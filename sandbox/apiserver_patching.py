@@ -1,11 +1,20 @@
 """The patch formats the API server accepts: JSON merge patch (RFC 7386), strategic merge patch
-(treated as a merge patch: our objects have no lists that need merge keys), and JSON patch
-(RFC 6902)."""
+and JSON patch (RFC 6902).
+
+A strategic merge patch merges a list element by element when the schema gives the list a merge
+key (`x-kubernetes-patch-strategy: merge`, `x-kubernetes-patch-merge-key`, e.g. containers by
+name) and replaces it otherwise, and honours the directives `kubectl apply` sends: `$patch`
+(replace, delete, merge), `$retainKeys`, `$setElementOrder/<list>` and
+`$deleteFromPrimitiveList/<list>`.
+"""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
+
+from sandbox.apiserver_openapi import Schema, resolve
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -124,13 +133,116 @@ def json_patch(target: Any, ops: Any) -> Any:
     return doc
 
 
-def apply_patch(content_type: str, target: Any, patch: Any) -> Any:
-    """Raises PatchError (a 400/422 for the caller), or LookupError for an unsupported type (415)."""
+_ORDER = "$setElementOrder/"
+_DELETE_PRIMITIVES = "$deleteFromPrimitiveList/"
+
+
+def _strategy(schema: Schema) -> tuple[set[str], str]:
+    strategies = set(str(schema.get("x-kubernetes-patch-strategy", "")).split(","))
+    return strategies, str(schema.get("x-kubernetes-patch-merge-key", ""))
+
+
+def _field_schema(schema: Schema, key: str) -> Schema:
+    schema = resolve(schema)
+    props = schema.get("properties") or {}
+    if key in props:
+        return dict(props[key])
+    extra = schema.get("additionalProperties")
+    return dict(extra) if isinstance(extra, dict) else {}
+
+
+def _merge_list(target: list[Any], patch: list[Any], schema: Schema) -> list[Any]:
+    strategies, key = _strategy(schema)
+    items = resolve(schema.get("items") or {})
+    if "merge" not in strategies:
+        return [copy.deepcopy(p) for p in patch]
+    result = copy.deepcopy(target)
+    if not key:  # a set of scalars: add the missing ones
+        return result + [p for p in patch if p not in result]
+    for element in patch:
+        if not isinstance(element, dict) or key not in element:
+            raise PatchError(f"map: {element!r} does not contain declared merge key: {key}")
+        at = next((i for i, t in enumerate(result) if isinstance(t, dict) and t.get(key) == element[key]), None)
+        directive = element.get("$patch")
+        if directive == "delete":
+            if at is not None:
+                result.pop(at)
+        elif at is None:
+            result.append(_strip_directives(element))
+        elif directive == "replace":
+            result[at] = _strip_directives(element)
+        else:
+            result[at] = strategic_merge(result[at], element, items)
+    return result
+
+
+def _strip_directives(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip_directives(v) for k, v in obj.items() if not k.startswith("$")}
+    if isinstance(obj, list):
+        return [_strip_directives(v) for v in obj]
+    return obj
+
+
+def _order(values: list[Any], order: list[Any], key: str) -> list[Any]:
+    """`$setElementOrder`: the listed elements first, in that order, then the rest as they were."""
+    def ident(v: Any) -> Any:
+        return v.get(key) if key and isinstance(v, dict) else v
+
+    wanted = [ident(o) for o in order]
+    ranked = sorted(range(len(values)), key=lambda i: (wanted.index(ident(values[i])) if ident(values[i]) in wanted
+                                                        else len(wanted) + i))  # fmt: skip
+    return [values[i] for i in ranked]
+
+
+def strategic_merge(target: Any, patch: Any, schema: Schema) -> Any:
+    """Strategic merge of `patch` into `target`, `schema` being the OpenAPI schema of both."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    directive = patch.get("$patch")
+    if directive == "replace":
+        return _strip_directives(patch)
+    if directive not in (None, "merge"):
+        raise PatchError(f"unknown patch type: {directive!r} in map")
+    result: dict[str, Any] = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):
+            continue
+        field_schema = _field_schema(schema, key)
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict) and value.get("$patch") == "delete":
+            result.pop(key, None)
+        elif isinstance(value, list) and isinstance(result.get(key), list):
+            result[key] = _merge_list(result[key], value, field_schema)
+        elif isinstance(value, dict):
+            result[key] = strategic_merge(result.get(key), value, field_schema)
+        else:
+            result[key] = _strip_directives(value)
+    for key, value in patch.items():
+        if key.startswith(_DELETE_PRIMITIVES) and isinstance(value, list):
+            name = key.removeprefix(_DELETE_PRIMITIVES)
+            result[name] = [v for v in result.get(name) or [] if v not in value]
+        elif key.startswith(_ORDER) and isinstance(value, list):
+            name = key.removeprefix(_ORDER)
+            if isinstance(result.get(name), list):
+                result[name] = _order(result[name], value, _strategy(_field_schema(schema, name))[1])
+    retain = patch.get("$retainKeys")
+    if isinstance(retain, list):
+        result = {k: v for k, v in result.items() if k in retain}
+    return result
+
+
+def apply_patch(
+    content_type: str, target: Any, patch: Any, schema: Callable[[], Schema] = lambda: {}
+) -> Any:
+    """Raises PatchError (a 400/422 for the caller), or LookupError for an unsupported type (415).
+    `schema` gives the target's OpenAPI schema, which only a strategic merge needs."""
     ctype = content_type.split(";")[0].strip().lower()
     if ctype in (MERGE, STRATEGIC):
         if not isinstance(patch, dict):
             raise PatchError("merge patch body must be a JSON object")
-        return merge_patch(target, patch)
+        return merge_patch(target, patch) if ctype == MERGE else strategic_merge(target, patch, schema())
     if ctype == JSON_PATCH:
         return json_patch(target, patch)
     raise LookupError(ctype)

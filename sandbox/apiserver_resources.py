@@ -23,6 +23,11 @@ class ResourceType:
     # A custom resource's create drops `status`, a pod's create resets it; nodes keep theirs.
     create_keeps_status: bool = True
     short_names: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+    # A custom resource (CRD): no strategic merge patch.
+    custom: bool = False
+    # Answered, never stored (SelfSubjectAccessReview): only `create`.
+    virtual: bool = False
 
     @property
     def api_version(self) -> str:
@@ -118,9 +123,21 @@ NODE_GPU_STATES = ResourceType(
     unconditional_update=False,
     create_keeps_status=False,
     short_names=("ngs",),
+    custom=True,
 )
 
-ALL: tuple[ResourceType, ...] = (NAMESPACES, NODES, PODS, CONFIGMAPS, EVENTS, EVENTS_V1, NODE_GPU_STATES)
+LEASES = ResourceType(
+    "coordination.k8s.io", "v1", "leases", "Lease", True, _META, status_subresource=False
+)
+SELF_SUBJECT_ACCESS_REVIEWS = ResourceType(
+    "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False, frozenset(),
+    status_subresource=False, verbs=("create",), virtual=True,
+)
+
+ALL: tuple[ResourceType, ...] = (
+    NAMESPACES, NODES, PODS, CONFIGMAPS, EVENTS, EVENTS_V1, NODE_GPU_STATES, LEASES, SELF_SUBJECT_ACCESS_REVIEWS
+)
+STORED: tuple[ResourceType, ...] = tuple(r for r in ALL if not r.virtual)
 BY_PATH: Mapping[tuple[str, str, str], ResourceType] = {(r.group, r.version, r.plural): r for r in ALL}
 BY_KIND: Mapping[tuple[str, str], ResourceType] = {(r.api_version, r.kind): r for r in ALL}
 
@@ -135,9 +152,6 @@ SERVER_VERSION: dict[str, str] = {
     "compiler": "gc",
     "platform": "linux/amd64",
 }
-
-_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-
 
 def _groups() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
@@ -185,7 +199,7 @@ def api_resource_list(group: str, version: str) -> dict[str, Any] | None:
                 "singularName": r.singular,
                 "namespaced": r.namespaced,
                 "kind": r.kind,
-                "verbs": _VERBS,
+                "verbs": list(r.verbs),
                 "shortNames": list(r.short_names),
             }
         )

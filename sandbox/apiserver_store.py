@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import re
 import uuid
@@ -21,6 +22,9 @@ from typing import Any
 
 import orjson
 
+from sandbox import apiserver_events as events
+from sandbox import apiserver_fields as fields
+from sandbox import apiserver_openapi as openapi
 from sandbox import apiserver_patching as patching
 from sandbox import apiserver_resources as resources
 from sandbox import apiserver_selectors as selectors
@@ -115,6 +119,16 @@ class WatchEvent:
     prev: Obj | None  # the object before a MODIFIED, for selector transitions
 
 
+def stored_as(rt: ResourceType) -> ResourceType:
+    """Where `rt`'s objects live: events.k8s.io/v1 Events are the core v1 ones, converted."""
+    return resources.EVENTS if rt is resources.EVENTS_V1 else rt
+
+
+def present(rt: ResourceType, obj: Obj) -> Obj:
+    """A stored object as `rt` serves it."""
+    return events.to_v1(obj) if rt is resources.EVENTS_V1 else obj
+
+
 @dataclass(slots=True, eq=False)  # identity: watchers live in sets
 class Watcher:
     rt: ResourceType
@@ -125,16 +139,17 @@ class Watcher:
     def offer(self, event: WatchEvent) -> None:
         if self.namespace is not None and event.obj["metadata"].get("namespace", "") != self.namespace:
             return
-        now = self.matches(event.obj)
+        obj = present(self.rt, event.obj)
+        now = self.matches(obj)
         kind = event.type
         if kind == "MODIFIED" and event.prev is not None:
-            before = self.matches(event.prev)
+            before = self.matches(present(self.rt, event.prev))
             if now and not before:
                 kind = "ADDED"
             elif before and not now:
                 kind, now = "DELETED", True
         if now:
-            self.queue.put_nowait({"type": kind, "object": event.obj})
+            self.queue.put_nowait({"type": kind, "object": obj})
 
     def close(self) -> None:
         self.queue.put_nowait(None)
@@ -166,16 +181,38 @@ class Store:
         self.watchers: dict[ResourceType, set[Watcher]] = {rt: set() for rt in resources.ALL}
         self.by_uid: dict[str, tuple[ResourceType, Key]] = {}
         self._gc_handles: set[asyncio.TimerHandle] = set()
+        # The `fieldValidation` of the request being served, and the warnings it collects.
+        self._field_mode = "Ignore"
+        self._field_warnings: list[str] = []
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(resources.NAMESPACES, "", {"metadata": {"name": ns}})
+
+    @contextlib.contextmanager
+    def field_validation(self, mode: str) -> Iterator[list[str]]:
+        """Writes inside the block treat unknown fields as `mode` says; the block gets the warnings."""
+        self._field_mode, self._field_warnings = mode, []
+        try:
+            yield self._field_warnings
+        finally:
+            self._field_mode, self._field_warnings = "Ignore", []
+
+    def _drop_unknown_fields(self, rt: ResourceType, obj: Obj) -> None:
+        dropped = fields.prune(obj, openapi.schema_of(rt))
+        if dropped and self._field_mode == "Strict":
+            found = ", ".join(f'unknown field "{d}"' for d in dropped)
+            raise bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {found}'
+            )
+        if self._field_mode == "Warn":
+            self._field_warnings += [f'unknown field "{d}"' for d in dropped]
 
     # -- reading ---------------------------------------------------------------------------
 
     def get(self, rt: ResourceType, ns: str, name: str) -> Obj:
-        obj = self.objects[rt].get((ns, name))
+        obj = self.objects[stored_as(rt)].get((ns, name))
         if obj is None:
             raise not_found(rt, name)
-        return copy.deepcopy(obj)
+        return present(rt, copy.deepcopy(obj))
 
     def matcher(self, rt: ResourceType, label_selector: str, field_selector: str) -> Matcher:
         try:
@@ -200,11 +237,12 @@ class Store:
                 raise bad_request(f"continue key is not valid: {cont}") from None
         items: list[Obj] = []
         meta: Obj = {"resourceVersion": str(self.rv)}
-        chosen = [
-            (key, obj)
-            for key, obj in sorted(self.objects[rt].items())
-            if (ns is None or key[0] == ns) and f"{key[0]}/{key[1]}" > start and matches(obj)
-        ]
+        shown = (
+            (key, present(rt, obj))
+            for key, obj in sorted(self.objects[stored_as(rt)].items())
+            if (ns is None or key[0] == ns) and f"{key[0]}/{key[1]}" > start
+        )
+        chosen = [(key, obj) for key, obj in shown if matches(obj)]
         for i, (key, obj) in enumerate(chosen):
             if limit and i == limit:
                 token = orjson.dumps({"rv": self.rv, "start": f"{items_key(items[-1])}"})
@@ -224,10 +262,12 @@ class Store:
         self, rt: ResourceType, ns: str | None, matches: Matcher, since: str, *, initial: bool = False
     ) -> Watcher:
         watcher = Watcher(rt, ns, matches)
+        rt = stored_as(rt)
         if since in ("", "0") or initial:
             for (ons, _), obj in sorted(self.objects[rt].items()):
-                if (ns is None or ons == ns) and matches(obj):
-                    watcher.queue.put_nowait({"type": "ADDED", "object": copy.deepcopy(obj)})
+                shown = present(watcher.rt, obj)
+                if (ns is None or ons == ns) and matches(shown):
+                    watcher.queue.put_nowait({"type": "ADDED", "object": copy.deepcopy(shown)})
         else:
             try:
                 start = int(since)
@@ -248,7 +288,7 @@ class Store:
         return watcher
 
     def unwatch(self, watcher: Watcher) -> None:
-        self.watchers[watcher.rt].discard(watcher)
+        self.watchers[stored_as(watcher.rt)].discard(watcher)
 
     def close_watches(self) -> None:
         for group in self.watchers.values():
@@ -326,7 +366,11 @@ class Store:
         return body
 
     def create(self, rt: ResourceType, ns: str, body: Any) -> Obj:
+        if rt is not stored_as(rt):
+            core = events.to_core(self._check_body(rt, ns, copy.deepcopy(body)))
+            return present(rt, self.create(stored_as(rt), ns, core))
         obj = self._check_body(rt, ns, copy.deepcopy(body))
+        self._drop_unknown_fields(rt, obj)
         meta = obj["metadata"]
         if rt.namespaced and ("", ns) not in self.objects[resources.NAMESPACES]:
             raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', name=ns, kind="namespaces")
@@ -381,6 +425,7 @@ class Store:
             )
         if meta.get("name", key[1]) != key[1]:
             raise bad_request("the name of the object does not match the name on the URL")
+        self._drop_unknown_fields(rt, new)
         if subresource == "status":
             result = copy.deepcopy(old)
             if "status" in new:
@@ -438,6 +483,9 @@ class Store:
             )])
 
     def update(self, rt: ResourceType, ns: str, name: str, body: Any, subresource: str = "") -> Obj:
+        if rt is not stored_as(rt):
+            core = events.to_core(self._check_body(rt, ns, copy.deepcopy(body)))
+            return present(rt, self.update(stored_as(rt), ns, name, core, subresource))
         new = self._check_body(rt, ns, copy.deepcopy(body))
         key = self._key(rt, ns, name)
         old = self.objects[rt].get(key)
@@ -451,13 +499,14 @@ class Store:
         self, rt: ResourceType, ns: str, name: str, content_type: str, patch: Any, subresource: str = ""
     ) -> Obj:
         key = self._key(rt, ns, name)
-        old = self.objects[rt].get(key)
-        if old is None:
+        stored = self.objects[stored_as(rt)].get(key)
+        if stored is None:
             raise not_found(rt, name)
+        old = present(rt, stored)
         try:
-            if rt.group and patching.STRATEGIC in content_type:
+            if rt.custom and patching.STRATEGIC in content_type:
                 raise LookupError(content_type)  # custom resources have no strategic merge
-            new = patching.apply_patch(content_type, old, patch)
+            new = patching.apply_patch(content_type, old, patch, lambda: openapi.schema_of(rt))
         except LookupError:
             raise ApiError(
                 415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media "
@@ -471,9 +520,13 @@ class Store:
         sent_rv = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
         new.setdefault("metadata", {})["resourceVersion"] = sent_rv or old["metadata"]["resourceVersion"]
         self._check_body(rt, ns, new)
-        return self._replace(rt, key, old, new, subresource)
+        if rt is not stored_as(rt):
+            new = events.to_core(new)
+        return present(rt, self._replace(stored_as(rt), key, stored, new, subresource))
 
     def delete(self, rt: ResourceType, ns: str, name: str, options: Mapping[str, Any] | None = None) -> Obj:
+        if rt is not stored_as(rt):
+            return present(rt, self.delete(stored_as(rt), ns, name, options))
         key = self._key(rt, ns, name)
         obj = self.objects[rt].get(key)
         if obj is None:

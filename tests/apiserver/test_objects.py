@@ -177,22 +177,24 @@ async def test_errors_come_back_as_status_bodies(api: client.ApiClient, server: 
 
 async def test_status_subresource_separates_status_from_the_rest(api: client.ApiClient) -> None:
     custom = client.CustomObjectsApi(api)
-    created = await _call(custom.create_cluster_custom_object, GROUP, VERSION, PLURAL, _ngs("n1", status={"a": 1}))
+    created = await _call(custom.create_cluster_custom_object, GROUP, VERSION, PLURAL, _ngs("n1", status={"schemaVersion": 1}))
     assert "status" not in created, "create must drop status on a custom resource with a status subresource"
     assert created["metadata"]["generation"] == 1
 
-    with_status = {**created, "status": {"a": 2}}
+    with_status = {**created, "status": {"schemaVersion": 2}}
     after_main = await _call(custom.replace_cluster_custom_object, GROUP, VERSION, PLURAL, "n1", with_status)
     assert "status" not in after_main, "a write to the main resource must ignore status"
 
-    body = {**after_main, "metadata": {**after_main["metadata"], "labels": {"x": "y"}}, "status": {"a": 3}}
+    body = {**after_main, "metadata": {**after_main["metadata"], "labels": {"x": "y"}}, "status": {"schemaVersion": 3}}
     after_status = await _call(custom.replace_cluster_custom_object_status, GROUP, VERSION, PLURAL, "n1", body)
-    assert after_status["status"] == {"a": 3}
+    assert after_status["status"] == {"schemaVersion": 3}
     assert "labels" not in after_status["metadata"], "a write to /status must ignore everything else"
     assert after_status["metadata"]["generation"] == 1, "status writes do not bump generation"
 
+    # The CRD declares no spec: the server prunes it, so nothing changed and generation stays.
     patched = await _call(custom.patch_cluster_custom_object, GROUP, VERSION, PLURAL, "n1", {"spec": {"k": 1}})
-    assert patched["metadata"]["generation"] == 2 and patched["status"] == {"a": 3}
+    assert "spec" not in patched
+    assert patched["metadata"]["generation"] == 1 and patched["status"] == {"schemaVersion": 3}
 
 
 async def test_a_write_that_changes_nothing_keeps_the_resource_version(api: client.ApiClient) -> None:
