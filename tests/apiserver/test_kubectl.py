@@ -15,6 +15,7 @@ from aiohttp import ClientSession
 from kubernetes import client
 
 from common import state as gpustate
+from sandbox import apiserver_printers as printers
 from sandbox import apiserver_tables as tables
 from sandbox.apiserver import FakeApiServer
 
@@ -61,7 +62,7 @@ def test_the_nodegpustate_columns_are_the_crds_printer_columns() -> None:
         (c["name"], c["type"], c["jsonPath"], c.get("priority", 0), c.get("description", ""))
         for c in version["additionalPrinterColumns"]
     ]
-    got = [(c.name, c.type, c.json_path, c.priority, c.description) for c in tables.NODE_GPU_STATE_COLUMNS]
+    got = [(c.name, c.type, c.json_path, c.priority, c.description) for c in printers.NODE_GPU_STATE_COLUMNS]
     assert got == want
 
 
@@ -78,10 +79,15 @@ CASES = {
     ),
     "pod list": (
         "/api/v1/namespaces/default/pods",
-        ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node"],
-        ["p1", "0/1", "Pending", 0],
+        ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node", "Nominated Node", "Readiness Gates"],
+        ["p1", "0/1", "Pending", "0"],
     ),
-    "node list": ("/api/v1/nodes", ["Name", "Age"], ["gpu-1"]),
+    "node list": (
+        "/api/v1/nodes",
+        ["Name", "Status", "Roles", "Age", "Version", "Internal-IP", "External-IP", "OS-Image", "Kernel-Version",
+         "Container-Runtime"],
+        ["gpu-1", "Unknown", "<none>"],
+    ),
 }
 
 
@@ -121,7 +127,7 @@ AGES = {"seconds": (45, "45s"), "minutes": (330, "5m30s"), "hours": (3 * 3600 + 
 
 @pytest.mark.parametrize(("seconds", "text"), AGES.values(), ids=AGES.keys())
 def test_ages_print_as_kubectl_prints_them(seconds: int, text: str) -> None:
-    assert tables.human_age(seconds) == text
+    assert printers.human_age(seconds) == text
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
