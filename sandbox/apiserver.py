@@ -396,19 +396,42 @@ class FakeApiServer:
             return _json_response(store.delete(t.rt, ns, t.name, body if isinstance(body, dict) else None))
         raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed here")
 
+    @staticmethod
+    def _check_watch_options(q: Mapping[str, str]) -> None:
+        """The real server's rules for streaming lists (sendInitialEvents), as 422s."""
+        causes: list[tuple[str, str]] = []
+        match = q.get("resourceVersionMatch", "")
+        if "sendInitialEvents" in q:
+            if match != "NotOlderThan":
+                causes.append(("resourceVersionMatch", "Forbidden: sendInitialEvents requires setting "
+                                                       "resourceVersionMatch to NotOlderThan"))
+            if _flag(q, "sendInitialEvents") and not _flag(q, "allowWatchBookmarks"):
+                causes.append(("allowWatchBookmarks", "Forbidden: sendInitialEvents requires setting "
+                                                      "allowWatchBookmarks to true"))
+        elif match:
+            causes.append(("resourceVersionMatch", "Forbidden: resourceVersionMatch is forbidden for watch "
+                                                   "unless sendInitialEvents is provided"))
+        if causes:
+            raise ApiError(
+                422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: " + ", ".join(f"{f}: {m}" for f, m in causes),
+                kind="ListOptions", group="meta.k8s.io",
+                causes=[{"reason": "FieldValueForbidden", "message": m, "field": f} for f, m in causes],
+            )
+
     async def _watch(self, request: web.Request, t: _Target, matches: Any) -> web.StreamResponse:
         q = request.query
+        self._check_watch_options(q)
         initial = _flag(q, "sendInitialEvents")
         watcher = self.store.watch(t.rt, t.namespace, matches, q.get("resourceVersion", ""), initial=initial)
         bookmarks = _flag(q, "allowWatchBookmarks")
+        if initial:  # after the initial events already queued, before anything newer
+            watcher.queue.put_nowait(self._bookmark(t.rt, initial_end=True))
         timeout = float(q.get("timeoutSeconds", "0") or 0)
         deadline = time.monotonic() + timeout if timeout > 0 else None
         response = web.StreamResponse(headers={"Content-Type": _JSON})
         response.enable_chunked_encoding()
         try:
             await response.prepare(request)
-            if initial and bookmarks:
-                await self._write_event(response, watcher, self._bookmark(t.rt, initial_end=True))
             as_table = tables.wants_table(request.headers.get("Accept", ""))
             include = q.get("includeObject", "") if as_table else None
             await self._pump(response, watcher, t.rt, bookmarks, deadline, include)

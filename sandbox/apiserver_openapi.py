@@ -18,12 +18,12 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import orjson
 import yaml
 
@@ -31,7 +31,14 @@ from sandbox import apiserver_resources as resources
 from sandbox.apiserver_resources import ResourceType
 
 Schema = dict[str, Any]
-_DEFS_DIR = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+
+def _defs_dir() -> Path:
+    spec = importlib.util.find_spec("kubernetes_validate")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the kubernetes-validate package (the schemas' source) is not installed")
+    return Path(spec.origin).parent / "kubernetes-json-schema"
+
+
 CRD_FILE = Path(__file__).resolve().parents[1] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1."
 # What the real server publishes for these two (kubernetes-validate writes them as a oneOf).
@@ -47,9 +54,10 @@ def _latest_definitions() -> Path:
     def release(p: Path) -> tuple[int, ...]:
         return tuple(int(x) for x in p.name.removeprefix("v").removesuffix("-local").split("."))
 
-    dirs = [d for d in _DEFS_DIR.glob("v*-local") if (d / "_definitions.json").is_file()]
+    root = _defs_dir()
+    dirs = [d for d in root.glob("v*-local") if (d / "_definitions.json").is_file()]
     if not dirs:
-        raise FileNotFoundError(f"no Kubernetes schema definitions under {_DEFS_DIR}")
+        raise FileNotFoundError(f"no Kubernetes schema definitions under {root}")
     return max(dirs, key=release) / "_definitions.json"
 
 

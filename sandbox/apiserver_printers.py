@@ -36,7 +36,8 @@ class Column:
 
 
 NAME = Column("Name", "string", ".metadata.name", 0, "the object's name", "name")
-AGE = Column("Age", "date", ".metadata.creationTimestamp")
+AGE = Column("Age", "date", ".metadata.creationTimestamp")  # a CRD's
+BUILTIN_AGE = Column("Age", "string", description="time since the object was created")
 
 NODE_GPU_STATE_COLUMNS = (
     Column("Free GPUs", "integer", ".status.summary.freeGpus", 0,
@@ -85,7 +86,7 @@ def _lookup(obj: Any, path: str) -> Any:
 def _path_cell(column: Column, obj: Obj, now: Now) -> Any:
     value = _lookup(obj, column.json_path)
     if value is None:
-        return "<none>" if column.type == "string" else None
+        return None  # kubectl prints <none>
     if column.type == "date" and isinstance(value, str):
         return since(value, now)
     return value
@@ -155,7 +156,7 @@ POD_COLUMNS = (
     Column("Ready", "string", description="containers ready and running / containers"),
     Column("Status", "string", description="the pod's phase, or the reason it is in it"),
     Column("Restarts", "string", description="container restarts"),
-    AGE,
+    BUILTIN_AGE,
     Column("IP", "string", priority=1),
     Column("Node", "string", priority=1),
     Column("Nominated Node", "string", priority=1),
@@ -194,7 +195,7 @@ NODE_COLUMNS = (
     NAME,
     Column("Status", "string", description="the node's Ready condition"),
     Column("Roles", "string", description="the node's roles, from its node-role.kubernetes.io labels"),
-    AGE,
+    BUILTIN_AGE,
     Column("Version", "string", description="the kubelet's version"),
     Column("Internal-IP", "string", priority=1),
     Column("External-IP", "string", priority=1),
@@ -268,9 +269,9 @@ PRINTERS: dict[ResourceType, tuple[tuple[Column, ...], Cells]] = {
     resources.NODES: (NODE_COLUMNS, _node_cells),
     resources.EVENTS: (EVENT_COLUMNS, _event_cells),
     resources.EVENTS_V1: (EVENT_COLUMNS, _event_cells),
-    resources.LEASES: ((NAME, Column("Holder", "string"), AGE), _lease_cells),
-    resources.NAMESPACES: ((NAME, Column("Status", "string"), AGE), _namespace_cells),
-    resources.CONFIGMAPS: ((NAME, Column("Data", "string"), AGE), _configmap_cells),
+    resources.LEASES: ((NAME, Column("Holder", "string"), BUILTIN_AGE), _lease_cells),
+    resources.NAMESPACES: ((NAME, Column("Status", "string"), BUILTIN_AGE), _namespace_cells),
+    resources.CONFIGMAPS: ((NAME, Column("Data", "string"), BUILTIN_AGE), _configmap_cells),
     resources.NODE_GPU_STATES: ((NAME, *NODE_GPU_STATE_COLUMNS), _by_path((NAME, *NODE_GPU_STATE_COLUMNS))),
 }
 

@@ -16,7 +16,6 @@ from kubernetes import client
 
 from common import state as gpustate
 from sandbox import apiserver_printers as printers
-from sandbox import apiserver_tables as tables
 from sandbox.apiserver import FakeApiServer
 
 CRD = Path(__file__).parents[2] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
@@ -76,17 +75,6 @@ CASES = {
         f"/apis/{gpustate.GROUP}/{gpustate.VERSION}/{gpustate.PLURAL}/gpu-1",
         ["Name", "Free GPUs", "Replicas", "Policy", "Schema", "Observed", "Age"],
         ["gpu-1", 3, "4/16", "packed", 1],
-    ),
-    "pod list": (
-        "/api/v1/namespaces/default/pods",
-        ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node", "Nominated Node", "Readiness Gates"],
-        ["p1", "0/1", "Pending", "0"],
-    ),
-    "node list": (
-        "/api/v1/nodes",
-        ["Name", "Status", "Roles", "Age", "Version", "Internal-IP", "External-IP", "OS-Image", "Kernel-Version",
-         "Container-Runtime"],
-        ["gpu-1", "Unknown", "<none>"],
     ),
 }
 

@@ -205,26 +205,6 @@ async def test_a_write_that_changes_nothing_keeps_the_resource_version(api: clie
     assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
 
 
-@pytest.mark.parametrize(
-    ("content_type", "patch", "expected"),
-    [
-        ("application/merge-patch+json", {"data": {"a": None, "c": "3"}}, {"b": "2", "c": "3"}),
-        ("application/strategic-merge-patch+json", {"data": {"b": "9"}}, {"a": "1", "b": "9"}),
-        (
-            "application/json-patch+json",
-            [{"op": "remove", "path": "/data/a"}, {"op": "add", "path": "/data/z", "value": "26"}],
-            {"b": "2", "z": "26"},
-        ),
-    ],
-    ids=["merge patch null removes a key", "strategic merge acts as merge", "json patch applies operations"],
-)
-async def test_patch_formats(api: client.ApiClient, content_type: str, patch: Any, expected: dict[str, str]) -> None:
-    core = client.CoreV1Api(api)
-    await _call(core.create_namespaced_config_map, "default", {"metadata": {"name": "cm"}, "data": {"a": "1", "b": "2"}})
-    got = await _call(core.patch_namespaced_config_map, "cm", "default", patch, _content_type=content_type)
-    assert got.data == expected
-
-
 # -- selectors ---------------------------------------------------------------------------------
 
 
