@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from sandbox import apiserver_defaults as defaults
 from sandbox import apiserver_events as events
 from sandbox import apiserver_fields as fields
 from sandbox import apiserver_openapi as openapi
@@ -398,7 +399,7 @@ class Store:
         if not rt.create_keeps_status:
             obj.pop("status", None)
             if rt is resources.PODS:
-                obj["status"] = {"phase": "Pending"}
+                defaults.default_pod(obj)
         meta["resourceVersion"] = self._next_rv()
         _stamp(rt, obj)
         self.objects[rt][key] = obj

@@ -340,3 +340,45 @@ async def test_a_nodegpustate_table_has_the_crds_printer_columns(kube: Endpoint)
         assert table["rows"][0]["cells"][:6] == [name, 3, "4/16", "packed", 1, None]
     finally:
         await kube.call(custom.delete_cluster_custom_object, g, v, plural, name)
+
+
+# -- what the server fills in, and node leases -----------------------------------------------------
+
+
+async def test_a_created_pod_gets_the_servers_defaults(kube: Endpoint) -> None:
+    core, ns = client.CoreV1Api(kube.api), await kube.new_namespace()
+    limits = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [
+        {"name": "full", "image": "busybox:1.36", "resources": {"limits": limits}},
+        {"name": "gpu", "image": "busybox", "resources": {"limits": {**limits, "nvidia.com/gpu": "2"}}},
+    ]}}  # fmt: skip
+    created = await kube.call(core.create_namespaced_pod, ns, pod)
+    assert (created.status.phase, created.status.qos_class) == ("Pending", "Guaranteed")
+    spec = created.spec
+    assert (spec.restart_policy, spec.dns_policy, spec.scheduler_name, spec.termination_grace_period_seconds) == (
+        "Always", "ClusterFirst", "default-scheduler", 30)  # fmt: skip
+    assert [c.resources.requests for c in spec.containers] == [limits, {**limits, "nvidia.com/gpu": "2"}]
+    assert [c.image_pull_policy for c in spec.containers] == ["IfNotPresent", "Always"]
+    assert sorted((t.key, t.toleration_seconds) for t in spec.tolerations) == [
+        ("node.kubernetes.io/not-ready", 300), ("node.kubernetes.io/unreachable", 300)]  # fmt: skip
+    gpu_only = {"metadata": {"name": "q"}, "spec": {"containers": [
+        {"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}  # fmt: skip
+    created = await kube.call(core.create_namespaced_pod, ns, gpu_only)
+    assert created.status.qos_class == "BestEffort", "only cpu and memory decide the QoS class"
+    assert created.spec.containers[0].resources.requests == {"nvidia.com/gpu": "1"}
+
+
+async def test_a_node_lease_is_created_renewed_and_printed(kube: Endpoint) -> None:
+    leases, ns = client.CoordinationV1Api(kube.api), await kube.new_namespace()
+    body = {"metadata": {"name": "node-a"},
+            "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40, "renewTime": "2026-12-01T00:00:00.000000Z"}}
+    created = await kube.call(leases.create_namespaced_lease, ns, body)
+    created.spec.renew_time = created.spec.renew_time.replace(minute=1)
+    renewed = await kube.call(leases.replace_namespaced_lease, "node-a", ns, created)
+    assert int(renewed.metadata.resource_version) > int(created.metadata.resource_version)
+    got = await kube.call(leases.read_namespaced_lease, "node-a", ns)
+    assert got.spec.renew_time.minute == 1 and got.spec.holder_identity == "node-a"
+    code, table = await kube.get_json(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", accept=TABLE)
+    assert code == 200
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Holder", "Age"]
+    assert table["rows"][0]["cells"][:2] == ["node-a", "node-a"]
