@@ -41,8 +41,9 @@ def _defs_dir() -> Path:
 
 CRD_FILE = Path(__file__).resolve().parents[1] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1."
-# What the real server publishes for these two (kubernetes-validate writes them as a oneOf).
-_SCALARS: dict[str, Schema] = {
+# What the real v2 document says of these two; v3 has the oneOf kubernetes-validate keeps (and
+# kubectl explain prints `map[string]Quantity` because of it).
+_V2_SCALARS: dict[str, Schema] = {
     "io.k8s.apimachinery.pkg.api.resource.Quantity": {"type": "string"},
     "io.k8s.apimachinery.pkg.util.intstr.IntOrString": {"type": "string", "format": "int-or-string"},
 }
@@ -90,9 +91,7 @@ def _to_openapi(node: Any, ref_prefix: str) -> Any:
 @functools.cache
 def _builtin_definitions() -> dict[str, Schema]:
     raw = orjson.loads(_latest_definitions().read_bytes())["$defs"]
-    defs = {name: _to_openapi(schema, "#/definitions/") for name, schema in raw.items()}
-    defs.update(copy.deepcopy(_SCALARS))
-    return defs
+    return {name: _to_openapi(schema, "#/definitions/") for name, schema in raw.items()}
 
 
 def crd_definition_name(rt: ResourceType) -> str:
@@ -340,6 +339,6 @@ def v2_document() -> bytes:
         "swagger": "2.0",
         "info": {"title": "Kubernetes (sharepack sandbox)", "version": resources.SERVER_VERSION["gitVersion"]},
         "paths": _paths(members, "#/definitions/", v3=False),
-        "definitions": {n: defs[n] for n in names},
+        "definitions": {n: _V2_SCALARS.get(n, defs[n]) for n in names},
     }
     return orjson.dumps(doc)
