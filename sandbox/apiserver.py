@@ -46,6 +46,7 @@ from aiohttp import web
 
 from sandbox import apiserver_fields as fields
 from sandbox import apiserver_openapi as openapi
+from sandbox import apiserver_patching as patching
 from sandbox import apiserver_protobuf as protobuf
 from sandbox import apiserver_resources as resources
 from sandbox import apiserver_tables as tables
@@ -298,6 +299,11 @@ class FakeApiServer:
         raw = await request.read()
         if not raw:
             return {}
+        if request.content_type == patching.APPLY:
+            try:
+                return yaml.safe_load(raw)
+            except yaml.YAMLError as e:
+                raise bad_request(f"the apply configuration could not be decoded as YAML: {e}") from None
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -358,7 +364,9 @@ class FakeApiServer:
             return _json_response(store.update(t.rt, ns, t.name, body, t.subresource))
         if t.name and method == "PATCH":
             ctype = request.headers.get("Content-Type", "")
-            return _json_response(store.patch(t.rt, ns, t.name, ctype, body, t.subresource))
+            self._check_patch_options(request.query, ctype)
+            existed = store.exists(t.rt, ns, t.name)
+            return _json_response(store.patch(t.rt, ns, t.name, ctype, body, t.subresource), 200 if existed else 201)
         raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed here")
 
     async def _read_or_delete(self, request: web.Request, t: _Target) -> web.StreamResponse:
@@ -395,6 +403,20 @@ class FakeApiServer:
             body = await self._body(request)
             return _json_response(store.delete(t.rt, ns, t.name, body if isinstance(body, dict) else None))
         raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed here")
+
+    @staticmethod
+    def _check_patch_options(q: Mapping[str, str], content_type: str) -> None:
+        """The real server's PatchOptions rules: apply names its field manager; only apply forces."""
+        apply = content_type.split(";")[0].strip() == patching.APPLY
+        if apply and not q.get("fieldManager"):
+            cause = ("fieldManager", "Required value: is required for apply patch")
+        elif not apply and "force" in q:
+            cause = ("force", "Forbidden: may not be specified for non-apply patch")
+        else:
+            return
+        raise ApiError(422, "Invalid", f'PatchOptions.meta.k8s.io "" is invalid: {cause[0]}: {cause[1]}',
+                       kind="PatchOptions", group="meta.k8s.io",
+                       causes=[{"reason": "FieldValueInvalid", "message": cause[1], "field": cause[0]}])
 
     @staticmethod
     def _check_watch_options(q: Mapping[str, str]) -> None:

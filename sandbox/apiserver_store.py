@@ -215,6 +215,9 @@ class Store:
             raise not_found(rt, name)
         return present(rt, copy.deepcopy(obj))
 
+    def exists(self, rt: ResourceType, ns: str, name: str) -> bool:
+        return self._key(rt, ns, name) in self.objects[stored_as(rt)]
+
     def matcher(self, rt: ResourceType, label_selector: str, field_selector: str) -> Matcher:
         try:
             by_label = selectors.parse_label_selector(label_selector)
@@ -501,6 +504,12 @@ class Store:
     ) -> Obj:
         key = self._key(rt, ns, name)
         stored = self.objects[stored_as(rt)].get(key)
+        if stored is None and patching.APPLY in content_type:  # apply creates what is missing
+            if isinstance(patch, dict) and isinstance(patch.get("metadata"), dict):
+                if patch["metadata"].get("name", name) != name:
+                    raise bad_request("the name of the object does not match the name on the URL")
+                patch["metadata"]["name"] = name
+            return self.create(rt, ns, patch)
         if stored is None:
             raise not_found(rt, name)
         old = present(rt, stored)

@@ -382,3 +382,22 @@ async def test_a_node_lease_is_created_renewed_and_printed(kube: Endpoint) -> No
     assert code == 200
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Holder", "Age"]
     assert table["rows"][0]["cells"][:2] == ["node-a", "node-a"]
+
+
+async def test_server_side_apply_creates_then_merges_lists_by_their_keys(kube: Endpoint) -> None:
+    core, ns = client.CoreV1Api(kube.api), await kube.new_namespace()
+    applied = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "1"}},
+               "spec": {"containers": [{"name": "first", "image": "busybox"}, {"name": "second", "image": "busybox"}]}}
+    apply = "application/apply-patch+yaml"
+    code, body = await _error(kube, core.patch_namespaced_pod, "p", ns, applied, _content_type=apply)
+    assert (code, body["reason"]) == (422, "Invalid"), "apply needs a field manager"
+    created = await kube.call(core.patch_namespaced_pod, "p", ns, applied, _content_type=apply, field_manager="me")
+    assert [c.name for c in created.spec.containers] == ["first", "second"]
+    update = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"b": "2"}},
+              "spec": {"containers": [{"name": "second", "image": "busybox:2"}]}}
+    # Another manager takes the image over (force: it belongs to "me"); what "me" applied stays.
+    got = await kube.call(
+        core.patch_namespaced_pod, "p", ns, update, _content_type=apply, field_manager="other", force=True
+    )
+    assert [(c.name, c.image) for c in got.spec.containers] == [("first", "busybox"), ("second", "busybox:2")]
+    assert got.metadata.labels == {"a": "1", "b": "2"}
