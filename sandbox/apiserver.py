@@ -1,32 +1,38 @@
 """A small, faithful Kubernetes API server for the sandbox and the tests.
 
-It speaks the JSON REST protocol the real `kubernetes` client uses, over real HTTP on 127.0.0.1:
-Namespaces, Nodes, Pods (with the `binding` subresource), ConfigMaps, Events (core/v1 and
-events.k8s.io/v1) and the `NodeGpuState` custom resource, with get / list / watch / create /
-update / patch / delete, resource versions, 409 on stale writes, status subresources, owner
-references and their garbage collection, and `Status` error bodies. Storage and semantics live
-in `apiserver_store`; this module maps HTTP onto them.
+It speaks the JSON REST protocol the real `kubernetes` client and kubectl use, over real HTTP on
+127.0.0.1: Namespaces, Nodes, Pods (with the `binding` subresource), ConfigMaps, Events (core/v1,
+and events.k8s.io/v1 as a converted view of the same objects), Leases, the `NodeGpuState` custom
+resource, and SelfSubjectAccessReview; get / list / watch / create / update / patch (merge,
+strategic, JSON, server-side apply) / delete, resource versions, 409 on stale writes, status
+subresources, owner references and their garbage collection, and `Status` error bodies. Storage
+and semantics live in `apiserver_store`; this module maps HTTP onto them.
 
 Faithful details clients trip over: `create` of a custom resource with a status subresource
 drops `status` (write it through `/status`); a custom resource refuses an update without
-`metadata.resourceVersion` (422) and a strategic merge patch (415); a binding answers a `Status`
-(201), which the generated client cannot read as a `V1Binding`: call
+`metadata.resourceVersion` (422) and a strategic merge patch (415); fields the schema does not
+declare are dropped, with a `Warning` header (`fieldValidation=Warn`, the default) or a 400
+(`Strict`); a pod gets the real server's defaults (`apiserver_defaults`); a binding answers a
+`Status` (201), which the generated client cannot read as a `V1Binding`: call
 `create_namespaced_pod_binding(..., _preload_content=False)`; a watch from a version older than
 the kept history gets an ERROR event with code 410; a write that changes nothing keeps the
 resourceVersion and sends no event; an object whose owners are all gone is garbage-collected.
 
 Simplifications: one global resource-version counter and in-memory storage; list ignores
 `resourceVersion` (always the latest); deletion is immediate unless finalizers are set (no pod
-grace period, no Foreground/Orphan propagation); core/v1 and events.k8s.io/v1 Events are stored
-separately; no admission, defaulting, pruning or schema validation beyond names, ownerReferences,
-ConfigMap values and pod spec immutability; no authentication (any token is accepted).
+grace period, no Foreground/Orphan propagation); no managed fields (server-side apply merges
+without ownership); no authentication or authorization (any token is accepted, every access
+review is allowed and says why); validation beyond names, ownerReferences, ConfigMap values, pod
+spec immutability and unknown fields is not done.
 
 Test conveniences: `pause("unavailable")` answers 503, `pause("refuse")` stops listening and drops
 every connection (the port is reused on `resume()`), `fail_next(...)` injects errors,
 `requests` records every call.
 
-`kubectl get` works against it: discovery, and the `meta.k8s.io/v1` Table it asks for, with the
-CRD's printer columns (`apiserver_tables`), for get, list and watch.
+kubectl works against it: discovery, the OpenAPI v2 and v3 documents (`apiserver_openapi`) that
+`apply`, `create` and `explain` need, the protobuf SelfSubjectAccessReview of `auth can-i`
+(`apiserver_protobuf`), and the `meta.k8s.io/v1` Table of `get` with the real server's columns
+(`apiserver_printers`), for get, list and watch.
 """
 
 from __future__ import annotations
