@@ -27,6 +27,26 @@ _TO_V1 = {core: v1 for v1, core in _RENAMED.items()}
 API_VERSION = "events.k8s.io/v1"
 
 
+def namespace_problems(event: Obj, involved_key: str) -> list[tuple[str, str]]:
+    """The real server's rule: an event about a namespaced object lives in that namespace; one
+    about a cluster-scoped object lives in `default` (or no namespace)."""
+    involved = event.get(involved_key) or {}
+    mine = (event.get("metadata") or {}).get("namespace", "")
+    theirs = involved.get("namespace", "") if isinstance(involved, dict) else ""
+    if (theirs and theirs != mine) or (not theirs and mine not in ("", "default")):
+        return [(f"{involved_key}.namespace", f'Invalid value: "{theirs}": does not match event.namespace')]
+    return []
+
+
+def v1_problems(event: Obj) -> list[tuple[str, str]]:
+    """What events.k8s.io/v1 requires of a new event (core v1 requires none of it)."""
+    causes = namespace_problems(event, "regarding")
+    for required in ("eventTime", "reportingController", "reportingInstance", "action", "reason"):
+        if not event.get(required):
+            causes.append((required, "Required value"))
+    return causes
+
+
 def _rename(obj: Obj, names: dict[str, str], api_version: str) -> Obj:
     out: Obj = {}
     for key, value in obj.items():

@@ -337,6 +337,8 @@ class Store:
             for key in ("apiVersion", "kind", "name", "uid"):
                 if not ref.get(key):
                     causes.append((f"{where}.{key}", f'Invalid value: "": {key} must not be empty'))
+        if rt is resources.EVENTS:
+            causes += events.namespace_problems(obj, "involvedObject")
         if rt is resources.CONFIGMAPS:
             for section in ("data", "binaryData"):
                 for key, value in (obj.get(section) or {}).items():
@@ -371,8 +373,11 @@ class Store:
 
     def create(self, rt: ResourceType, ns: str, body: Any) -> Obj:
         if rt is not stored_as(rt):
-            core = events.to_core(self._check_body(rt, ns, copy.deepcopy(body)))
-            return present(rt, self.create(stored_as(rt), ns, core))
+            checked = self._check_body(rt, ns, copy.deepcopy(body))
+            problems = events.v1_problems(checked)
+            if problems:
+                raise invalid(rt, checked["metadata"].get("name", ""), problems)
+            return present(rt, self.create(stored_as(rt), ns, events.to_core(checked)))
         obj = self._check_body(rt, ns, copy.deepcopy(body))
         self._drop_unknown_fields(rt, obj)
         meta = obj["metadata"]

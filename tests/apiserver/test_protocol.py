@@ -401,3 +401,22 @@ async def test_server_side_apply_creates_then_merges_lists_by_their_keys(kube: E
     )
     assert [(c.name, c.image) for c in got.spec.containers] == [("first", "busybox"), ("second", "busybox:2")]
     assert got.metadata.labels == {"a": "1", "b": "2"}
+
+
+async def test_events_live_in_the_namespace_of_what_they_are_about(kube: Endpoint) -> None:
+    core, ns = client.CoreV1Api(kube.api), await kube.new_namespace()
+    node = {"kind": "Node", "name": kube.unique("node"), "apiVersion": "v1"}
+    about_node = {"metadata": {"generateName": "n."}, "involvedObject": node, "reason": "R", "message": "m"}
+    code, body = await _error(kube, core.create_namespaced_event, ns, about_node)
+    assert (code, body["reason"]) == (422, "Invalid")
+    assert body["details"]["causes"][0]["field"] == "involvedObject.namespace"
+    created = await kube.call(core.create_namespaced_event, "default", about_node)
+    await kube.call(core.delete_namespaced_event, created.metadata.name, "default")
+    about_pod = {"kind": "Pod", "name": "p", "namespace": ns, "apiVersion": "v1"}
+    await kube.call(core.create_namespaced_event, ns, {**about_node, "involvedObject": about_pod})
+    incomplete = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"generateName": "p."},
+                  "regarding": about_pod, "reason": "R", "type": "Normal"}  # fmt: skip
+    code, _, body = await kube.post_json(f"/apis/events.k8s.io/v1/namespaces/{ns}/events", incomplete)
+    assert (code, body["reason"]) == (422, "Invalid")
+    assert {c["field"] for c in body["details"]["causes"]} == {
+        "eventTime", "reportingController", "reportingInstance", "action"}  # fmt: skip
