@@ -305,6 +305,11 @@ class FakeApiServer:
         raw = await request.read()
         if not raw:
             return {}
+        if request.content_type == protobuf.MEDIA_TYPE:
+            try:
+                return protobuf.decode(raw)
+            except protobuf.ProtobufError as e:
+                raise bad_request(f"the body of the request could not be decoded as protobuf: {e}") from None
         if request.content_type == patching.APPLY:
             try:
                 return yaml.safe_load(raw)
@@ -319,14 +324,7 @@ class FakeApiServer:
         if t.rt.virtual:
             if request.method != "POST" or t.name:
                 raise ApiError(405, "MethodNotAllowed", f"{t.rt.plural} only supports create")
-            if request.content_type == protobuf.MEDIA_TYPE:
-                try:
-                    review = protobuf.decode_self_subject_access_review(await request.read())
-                except protobuf.ProtobufError as e:
-                    raise bad_request(f"the body of the request could not be decoded as protobuf: {e}") from None
-            else:
-                review = await self._body(request)
-            return _json_response(self._access_review(review), 201)
+            return _json_response(self._access_review(await self._body(request)), 201)
         if request.method not in ("POST", "PUT", "PATCH"):
             return await self._read_or_delete(request, t)
         try:

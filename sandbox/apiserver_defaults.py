@@ -1,4 +1,4 @@
-"""What the real API server fills in when a pod is created: its defaulting of the pod spec, what
+"""What the real API server fills in when a pod or a namespace is created. For a pod: its defaulting of the pod spec, what
 the default admission plugins add (Priority, DefaultTolerationSeconds), and the status it
 starts with (Pending, with the pod's QoS class). Consumers read these: a container's
 `resources.requests` defaults to its `limits` (so a pod that sets only a GPU limit requests it),
@@ -66,6 +66,15 @@ def qos_class(spec: Obj) -> str:
     if not any_set:
         return "BestEffort"
     return "Guaranteed" if guaranteed else "Burstable"
+
+
+def default_namespace(ns: Obj) -> None:
+    """A new namespace is Active and carries the `kubernetes` finalizer (emptied by the namespace
+    controller before it goes)."""
+    finalizers = ns.setdefault("spec", {}).setdefault("finalizers", [])
+    if "kubernetes" not in finalizers:
+        finalizers.append("kubernetes")
+    ns["status"] = {"phase": "Active"}
 
 
 def default_pod(pod: Obj) -> None:

@@ -24,6 +24,10 @@ class ResourceType:
     create_keeps_status: bool = True
     short_names: tuple[str, ...] = ()
     verbs: tuple[str, ...] = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+    # metadata.generation, bumped by spec changes: custom resources and (since 1.34) pods have one.
+    tracks_generation: bool = False
+    # What `kubectl get <category>` expands to: pods are in `all`.
+    categories: tuple[str, ...] = ()
     # A custom resource (CRD): no strategic merge patch.
     custom: bool = False
     # Answered, never stored (SelfSubjectAccessReview): only `create`.
@@ -67,6 +71,8 @@ PODS = ResourceType(
     },
     create_keeps_status=False,
     short_names=("po",),
+    categories=("all",),
+    tracks_generation=True,
 )
 CONFIGMAPS = ResourceType(
     "", "v1", "configmaps", "ConfigMap", True, _META, status_subresource=False, short_names=("cm",)
@@ -124,6 +130,7 @@ NODE_GPU_STATES = ResourceType(
     create_keeps_status=False,
     short_names=("ngs",),
     custom=True,
+    tracks_generation=True,
 )
 
 LEASES = ResourceType(
@@ -201,6 +208,7 @@ def api_resource_list(group: str, version: str) -> dict[str, Any] | None:
                 "kind": r.kind,
                 "verbs": list(r.verbs),
                 "shortNames": list(r.short_names),
+                **({"categories": list(r.categories)} if r.categories else {}),
             }
         )
         if r.status_subresource:

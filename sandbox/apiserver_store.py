@@ -402,12 +402,14 @@ class Store:
         meta["name"] = name
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
-        if rt.status_subresource:
+        if rt.tracks_generation:
             meta["generation"] = 1
         if not rt.create_keeps_status:
             obj.pop("status", None)
             if rt is resources.PODS:
                 defaults.default_pod(obj)
+        if rt is resources.NAMESPACES:
+            defaults.default_namespace(obj)
         meta["resourceVersion"] = self._next_rv()
         _stamp(rt, obj)
         self.objects[rt][key] = obj
@@ -457,7 +459,7 @@ class Store:
             self._validate(rt, result, key[1])
             if rt is resources.PODS:
                 self._check_pod_update(old, result)
-            if rt.status_subresource and self._spec_part(result) != self._spec_part(old):
+            if rt.tracks_generation and self._spec_part(result) != self._spec_part(old):
                 rmeta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         _stamp(rt, result)
         result["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]

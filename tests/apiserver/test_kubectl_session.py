@@ -51,6 +51,8 @@ def _seed(server: FakeApiServer) -> None:
         "status": {"conditions": [ready], "nodeInfo": {"kubeletVersion": "v1.37.0-sandbox"},
                    "capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}},
     })  # fmt: skip
+    bound = {"metadata": {"name": "z-bound"}, "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "i"}]}}
+    store.create(kinds.PODS, "default", bound)
     store.create(kinds.EVENTS_V1, "default", {
         "metadata": {"name": "gpu-1.1"}, "eventTime": "2026-12-01T00:00:00.000000Z",
         "reportingController": "sharepack.io/agent", "reportingInstance": "gpu-1", "action": "Configure",
@@ -86,6 +88,11 @@ async def test_a_kubectl_session_works_as_on_a_cluster(server: FakeApiServer, tm
     assert (await run("create", "-f", "-", stdin="apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")).strip() \
         == "configmap/c created"  # fmt: skip
 
+    # kubectl's typed clients send these in protobuf.
+    assert (await run("create", "namespace", "team")).strip() == "namespace/team created"
+    assert (await run("create", "configmap", "d", "-n", "team", "--from-literal=k=v")).strip() == "configmap/d created"
+    assert await run("get", "configmap", "d", "-n", "team", "-o", "jsonpath={.data.k}") == "v"
+
     explained = await run("explain", "pods.spec.containers.resources")
     assert "FIELD: resources" in explained and "limits\t<map[string]Quantity>" in explained
 
@@ -109,3 +116,8 @@ async def test_a_kubectl_session_works_as_on_a_cluster(server: FakeApiServer, tm
     described_pod = await run("describe", "pod", "web")
     assert ["QoS", "Class:", "BestEffort"] in [line.split() for line in described_pod.splitlines()], described_pod
     assert "nvidia.com/gpu:  1" in described_pod, described_pod
+
+    drained = await run("drain", "gpu-1", "--force", "--ignore-daemonsets")
+    assert "node/gpu-1 drained" in drained
+    assert server.store.get(kinds.NODES, "", "gpu-1")["spec"]["unschedulable"] is True
+    assert not server.store.exists(kinds.PODS, "default", "z-bound"), "drain deletes the node's pods"

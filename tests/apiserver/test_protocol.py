@@ -420,3 +420,16 @@ async def test_events_live_in_the_namespace_of_what_they_are_about(kube: Endpoin
     assert (code, body["reason"]) == (422, "Invalid")
     assert {c["field"] for c in body["details"]["causes"]} == {
         "eventTime", "reportingController", "reportingInstance", "action"}  # fmt: skip
+
+
+async def test_a_created_namespace_is_active_and_only_some_kinds_have_a_generation(kube: Endpoint) -> None:
+    core, ns = client.CoreV1Api(kube.api), await kube.new_namespace()
+    namespace = await kube.call(core.read_namespace, ns)
+    assert (namespace.status.phase, namespace.spec.finalizers) == ("Active", ["kubernetes"])
+    assert namespace.metadata.generation is None
+    cm = await kube.call(core.create_namespaced_config_map, ns, {"metadata": {"name": "cm"}})
+    pod = await kube.call(core.create_namespaced_pod, ns, _pod("p"))
+    assert (cm.metadata.generation, pod.metadata.generation) == (None, 1)
+    node = await kube.call(core.create_node, {"metadata": {"name": kube.unique("node")}})
+    await kube.call(core.delete_node, node.metadata.name)
+    assert node.metadata.generation is None
