@@ -431,9 +431,6 @@ class FakeApiServer:
             if match != "NotOlderThan":
                 causes.append(("resourceVersionMatch", "Forbidden: sendInitialEvents requires setting "
                                                        "resourceVersionMatch to NotOlderThan"))
-            if _flag(q, "sendInitialEvents") and not _flag(q, "allowWatchBookmarks"):
-                causes.append(("allowWatchBookmarks", "Forbidden: sendInitialEvents requires setting "
-                                                      "allowWatchBookmarks to true"))
         elif match:
             causes.append(("resourceVersionMatch", "Forbidden: resourceVersionMatch is forbidden for watch "
                                                    "unless sendInitialEvents is provided"))

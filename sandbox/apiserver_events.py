@@ -8,6 +8,7 @@ events.k8s.io/v1, and the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 Obj = dict[str, Any]
@@ -38,10 +39,18 @@ def namespace_problems(event: Obj, involved_key: str) -> list[tuple[str, str]]:
     return []
 
 
-def v1_problems(event: Obj) -> list[tuple[str, str]]:
-    """What events.k8s.io/v1 requires of a new event (core v1 requires none of it)."""
+def v1_problems(event: Obj, name_problem: Callable[[str], str | None]) -> list[tuple[str, str]]:
+    """What events.k8s.io/v1 requires of a new event (core v1 requires none of it): a valid
+    generateName, then eventTime, and only once that is there the reporting fields."""
     causes = namespace_problems(event, "regarding")
-    for required in ("eventTime", "reportingController", "reportingInstance", "action", "reason"):
+    prefix = (event.get("metadata") or {}).get("generateName")
+    if prefix and prefix.endswith("-") and len(prefix) > 1:
+        prefix = prefix[:-1] + "a"  # a trailing dash is fine in a prefix: the random part follows
+    if prefix and (problem := name_problem(prefix)):
+        causes.append(("metadata.generateName", problem))
+    if not event.get("eventTime"):
+        return [*causes, ("eventTime", "Required value")]
+    for required in ("reportingController", "reportingInstance", "action", "reason"):
         if not event.get(required):
             causes.append((required, "Required value"))
     return causes

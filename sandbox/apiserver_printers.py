@@ -100,27 +100,29 @@ def _by_path(columns: tuple[Column, ...]) -> Cells:
 
 
 def _pod_reason(pod: Obj, statuses: list[Obj]) -> tuple[str, int]:
-    """(STATUS, ready containers), walking the containers last to first as the real printer does."""
+    """(STATUS, ready containers), walking the containers last to first as the real printer does
+    (init containers are not looked at: the sandbox runs none)."""
     status = pod.get("status") or {}
+    conditions = status.get("conditions") or []
     reason = status.get("reason") or status.get("phase") or ""
-    ready, running = 0, False
+    if any(c.get("type") == "PodScheduled" and c.get("reason") == "SchedulingGated" for c in conditions):
+        reason = "SchedulingGated"
+    ready, running, error = 0, False, ""
     for c in reversed(statuses):
         state = c.get("state") or {}
         waiting, terminated = state.get("waiting"), state.get("terminated")
         if waiting and waiting.get("reason"):
             reason = waiting["reason"]
-        elif terminated and terminated.get("reason"):
-            reason = terminated["reason"]
-        elif terminated:
-            signal = terminated.get("signal")
-            reason = f"Signal:{signal}" if signal else f"ExitCode:{terminated.get('exitCode', 0)}"
+        elif terminated is not None:
+            signal, code = terminated.get("signal"), terminated.get("exitCode", 0)
+            reason = terminated.get("reason") or (f"Signal:{signal}" if signal else f"ExitCode:{code}")
+            error = reason if code else error
         elif c.get("ready") and state.get("running") is not None:
             running = True
             ready += 1
-    if reason == "Completed" and running:
-        conditions = status.get("conditions") or []
-        reason = "Running" if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions) \
-            else "NotReady"  # fmt: skip
+    if reason == "Completed":
+        pod_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        reason = "Running" if running and pod_ready else error or ("NotReady" if running else reason)
     if pod["metadata"].get("deletionTimestamp"):
         if status.get("reason") == "NodeLost":
             reason = "Unknown"
@@ -134,6 +136,8 @@ def _pod_cells(pod: Obj, now: Now) -> list[Any]:
     statuses = status.get("containerStatuses") or []
     reason, ready = _pod_reason(pod, statuses)
     restarts = sum(int(c.get("restartCount", 0)) for c in statuses)
+    finished = [((c.get("lastState") or {}).get("terminated") or {}).get("finishedAt") for c in statuses]
+    last_restart = max((f for f in finished if f), default=None)
     ips = status.get("podIPs") or []
     gates = spec.get("readinessGates") or []
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
@@ -142,7 +146,7 @@ def _pod_cells(pod: Obj, now: Now) -> list[Any]:
         pod["metadata"]["name"],
         f"{ready}/{len(spec.get('containers') or [])}",
         reason,
-        str(restarts),
+        f"{restarts} ({since(last_restart, now)} ago)" if restarts and last_restart else str(restarts),
         since(pod["metadata"].get("creationTimestamp"), now),
         (ips[0].get("ip") if ips else "") or "<none>",
         spec.get("nodeName") or "<none>",
@@ -183,11 +187,14 @@ def _node_cells(node: Obj, now: Now) -> list[Any]:
     def address(kind: str) -> str:
         return next((a.get("address") for a in addresses if a.get("type") == kind), None) or "<none>"
 
+    kernel = info.get("kernelVersion") or "<unknown>"
+    if info.get("architecture"):
+        kernel += f" ({info['architecture']})"
     return [
         meta["name"], ",".join(states), ",".join(sorted(r for r in roles if r)) or "<none>",
         since(meta.get("creationTimestamp"), now), info.get("kubeletVersion", ""),
         address("InternalIP"), address("ExternalIP"), info.get("osImage") or "<unknown>",
-        info.get("kernelVersion") or "<unknown>", info.get("containerRuntimeVersion") or "<unknown>",
+        kernel, info.get("containerRuntimeVersion") or "<unknown>",
     ]  # fmt: skip
 
 
@@ -225,7 +232,7 @@ def _event_cells(event: Obj, now: Now) -> list[Any]:
     kind, name = str(involved.get("kind", "")).lower(), involved.get("name", "")
     component = source.get("component") or controller
     instance = source.get("host") or event.get("reportingInstance") or ""
-    shown_source = "<unknown>" if not component else f"{component}, {instance}" if instance else component
+    shown_source = f"{component}, {instance}" if instance else component
     message = event.get("message" if core else "note") or ""
     return [
         last, event.get("type", ""), event.get("reason", ""), f"{kind}/{name}" if name else kind,

@@ -82,6 +82,14 @@ class ApiError(Exception):
         return body
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` is not a DNS subdomain (the rule for object names), or None."""
+    if len(name) <= 253 and _NAME_RE.match(name):
+        return None
+    return (f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
+            "characters, '-' or '.', and must start and end with an alphanumeric character")  # fmt: skip
+
+
 def not_found(rt: ResourceType, name: str) -> ApiError:
     qualified = f"{rt.plural}.{rt.group}" if rt.group else rt.plural
     return ApiError(404, "NotFound", f'{qualified} "{name}" not found', name=name, kind=rt.plural, group=rt.group)
@@ -144,10 +152,13 @@ class Watcher:
         now = self.matches(obj)
         kind = event.type
         if kind == "MODIFIED" and event.prev is not None:
-            before = self.matches(present(self.rt, event.prev))
+            prev = present(self.rt, event.prev)
+            before = self.matches(prev)
             if now and not before:
                 kind = "ADDED"
             elif before and not now:
+                # As the real watch cache: the object as it last matched, at the event's version.
+                obj = {**prev, "metadata": {**prev["metadata"], "resourceVersion": obj["metadata"]["resourceVersion"]}}
                 kind, now = "DELETED", True
         if now:
             self.queue.put_nowait({"type": kind, "object": obj})
@@ -198,7 +209,10 @@ class Store:
             self._field_mode, self._field_warnings = "Ignore", []
 
     def _drop_unknown_fields(self, rt: ResourceType, obj: Obj) -> None:
-        dropped = fields.prune(obj, openapi.schema_of(rt))
+        try:
+            dropped = fields.prune(obj, openapi.schema_of(rt))
+        except fields.TimeFormatError as e:
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {e}') from None
         if dropped and self._field_mode == "Strict":
             found = ", ".join(f'unknown field "{d}"' for d in dropped)
             raise bad_request(
@@ -323,12 +337,8 @@ class Store:
 
     def _validate(self, rt: ResourceType, obj: Obj, name: str) -> None:
         causes: list[tuple[str, str]] = []
-        if len(name) > 253 or not _NAME_RE.match(name):
-            causes.append((
-                "metadata.name",
-                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
-                "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
-            ))
+        if problem := name_problem(name):
+            causes.append(("metadata.name", problem))
         for i, ref in enumerate(obj["metadata"].get("ownerReferences") or []):
             where = f"metadata.ownerReferences[{i}]"
             if not isinstance(ref, dict):
@@ -374,7 +384,7 @@ class Store:
     def create(self, rt: ResourceType, ns: str, body: Any) -> Obj:
         if rt is not stored_as(rt):
             checked = self._check_body(rt, ns, copy.deepcopy(body))
-            problems = events.v1_problems(checked)
+            problems = events.v1_problems(checked, name_problem)
             if problems:
                 raise invalid(rt, checked["metadata"].get("name", ""), problems)
             return present(rt, self.create(stored_as(rt), ns, events.to_core(checked)))
@@ -562,6 +572,15 @@ class Store:
             obj["metadata"]["resourceVersion"] = self._next_rv()
             self._emit(rt, "MODIFIED", obj, prev)
             return copy.deepcopy(obj)
+        if rt is resources.PODS:
+            # A pod is deleted gracefully: the real server first records the deletion (an update,
+            # so watchers see MODIFIED with deletionTimestamp), then removes it. The sandbox
+            # removes it at once, as the real server does an unscheduled pod or grace period 0.
+            prev = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._emit(rt, "MODIFIED", obj, prev)
         return self._remove(rt, key)
 
     def _remove(self, rt: ResourceType, key: Key) -> Obj:

@@ -52,6 +52,6 @@ async def kube(request: pytest.FixtureRequest, tmp_short: Path) -> AsyncIterator
     kubeconfig = Path(control.kubeconfig)
     api_client = config.new_client_from_config(config_file=str(kubeconfig))
     try:
-        yield Endpoint("real", kubeconfig, api_client)
+        yield Endpoint("real", kubeconfig, api_client, control=control)
     finally:
         api_client.close()

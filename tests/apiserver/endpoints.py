@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from sandbox.apiserver import FakeApiServer
@@ -25,6 +26,7 @@ class Endpoint:
     kubeconfig: Path
     api: client.ApiClient
     sandbox: FakeApiServer | None = None  # the in-process server, for what only it can do
+    control: Any = None  # the real control plane (tests/conftest.py's real_control_plane)
 
     async def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A (blocking) kubernetes client call, off the event loop."""
@@ -47,14 +49,19 @@ class Endpoint:
 
     async def expired_resource_version(self) -> str:
         """A resourceVersion a watch can no longer start from (410 Gone). The sandbox forgets its
-        history on demand; the real server's watch cache starts after its first list, long after
-        resourceVersion 1."""
+        history on demand. The real server's watch cache keeps every event since it started
+        (checked: a watch from resourceVersion 1 replays, even after etcd is compacted), so the
+        real control plane must offer `expire_watch_history()` (e.g. etcd compacted with the watch
+        cache off) for this to run there."""
         if self.sandbox is not None:
             old = str(self.sandbox.store.rv)
             await self.call(client.CoreV1Api(self.api).create_namespace, {"metadata": {"generateName": "expire-"}})
             self.sandbox.store.compact()
             return old
-        return "1"
+        expire = getattr(self.control, "expire_watch_history", None)
+        if expire is None:
+            pytest.skip("the real control plane has no expire_watch_history(): its watch cache never forgets here")
+        return str(await expire())
 
     def _get(self, path: str, query: list[tuple[str, str]], accept: str) -> Any:
         return self._request("GET", path, query, {"Accept": accept}, None)

@@ -98,24 +98,6 @@ async def test_a_created_object_can_be_read_listed_and_deleted(api: client.ApiCl
     assert (code, body["reason"], body["kind"]) == (404, "NotFound", "Status")
 
 
-async def test_events_k8s_io_v1_events_are_served(api: client.ApiClient) -> None:
-    events = client.EventsV1Api(api)
-    body = {
-        "metadata": {"generateName": "node-0."},
-        "eventTime": "2026-11-30T03:00:00.000000Z",
-        "reportingController": "sharepack.io/agent",
-        "reportingInstance": "node-0",
-        "action": "Configure",
-        "reason": "InvalidConfig",
-        "regarding": {"kind": "Node", "name": "node-0"},
-        "type": "Warning",
-    }
-    created = await _call(events.create_namespaced_event, "default", body)
-    assert created.metadata.name.startswith("node-0.")
-    listed = await _call(events.list_namespaced_event, "default", field_selector="regarding.name=node-0")
-    assert [e.reason for e in listed.items] == ["InvalidConfig"]
-
-
 # -- errors as Status bodies ---------------------------------------------------------------------
 
 

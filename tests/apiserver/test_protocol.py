@@ -47,10 +47,12 @@ async def test_a_watch_from_a_version_replays_then_follows(kube: Endpoint) -> No
     await kube.call(core.patch_namespaced_pod, "a", ns, {"metadata": {"labels": {"x": "1"}}})
     await kube.call(core.delete_namespaced_pod, "a", ns, grace_period_seconds=0)
     await kube.call(core.create_namespaced_pod, ns, _pod("b"))
-    got = await kube.watch_lines(_pods_path(ns), [("resourceVersion", rv), ("timeoutSeconds", "5")], 4)
-    # A pod deleted with grace period 0 and no node goes at once; the real server first writes
-    # the deletion timestamp only when the pod is bound to a node.
-    assert _seen(got) == [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a"), ("ADDED", "b")]
+    got = await kube.watch_lines(_pods_path(ns), [("resourceVersion", rv), ("timeoutSeconds", "5")], 5)
+    # A pod's deletion is first written (deletionTimestamp), then the pod goes: at once here, as
+    # it has no node and a grace period of 0.
+    assert _seen(got) == [("ADDED", "a"), ("MODIFIED", "a"), ("MODIFIED", "a"), ("DELETED", "a"), ("ADDED", "b")]
+    assert got[2]["object"]["metadata"]["deletionGracePeriodSeconds"] == 0
+    assert got[2]["object"]["metadata"]["deletionTimestamp"]
     versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in got]
     assert versions == sorted(versions) and versions[0] > int(rv)
 
@@ -72,7 +74,9 @@ async def test_a_selector_watch_sees_objects_enter_and_leave(kube: Endpoint) -> 
     query = [("resourceVersion", rv), ("labelSelector", "on=1"), ("timeoutSeconds", "5")]
     got = await kube.watch_lines(_pods_path(ns), query, 2)
     assert _seen(got) == [("ADDED", "p"), ("DELETED", "p")]
-    assert got[1]["object"]["metadata"]["labels"] == {"on": "2"}, "the DELETED event carries the new object"
+    # The object as it last matched, at the version of the change that made it leave.
+    assert got[1]["object"]["metadata"]["labels"] == {"on": "1"}
+    assert int(got[1]["object"]["metadata"]["resourceVersion"]) > int(got[0]["object"]["metadata"]["resourceVersion"])
 
 
 async def test_binding_shows_up_in_a_node_field_selector_watch(kube: Endpoint) -> None:
@@ -117,14 +121,15 @@ async def test_initial_events_end_with_a_bookmark(kube: Endpoint) -> None:
     assert int(bookmark["object"]["metadata"]["resourceVersion"]) >= int(rv)
 
 
-async def test_initial_events_need_bookmarks_and_not_older_than(kube: Endpoint) -> None:
+async def test_initial_events_need_not_older_than(kube: Endpoint) -> None:
     ns = await kube.new_namespace()
-    for query in (
-        [("sendInitialEvents", "true"), ("allowWatchBookmarks", "true")],
-        [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")],
+    for query, field in (
+        ([("sendInitialEvents", "true"), ("allowWatchBookmarks", "true")], "resourceVersionMatch"),
+        ([("resourceVersionMatch", "NotOlderThan")], "resourceVersionMatch"),
     ):
-        code, body = await kube.get_json(_pods_path(ns), query=[("watch", "true"), *query])
+        code, body = await kube.get_json(_pods_path(ns), query=[("watch", "true"), ("timeoutSeconds", "1"), *query])
         assert (code, body["reason"]) == (422, "Invalid"), query
+        assert [c["field"] for c in body["details"]["causes"]] == [field]
 
 
 # -- resource versions ---------------------------------------------------------------------------
@@ -291,7 +296,7 @@ async def test_a_node_table_shows_status_roles_and_version(kube: Endpoint) -> No
         ]  # fmt: skip
         cells = table["rows"][0]["cells"]
         assert cells[:3] == [name, "Ready,SchedulingDisabled", "gpu"]
-        assert cells[4:] == ["v1.37.0-test", "10.0.0.7", "<none>", "<unknown>", "<unknown>", "<unknown>"]
+        assert cells[4:] == ["v1.37.0-test", "10.0.0.7", "<none>", "<unknown>", "<unknown> (amd64)", "<unknown>"]
     finally:
         await kube.call(core.delete_node, name)
 
@@ -299,12 +304,15 @@ async def test_a_node_table_shows_status_roles_and_version(kube: Endpoint) -> No
 async def test_an_event_table_and_both_event_apis_share_events(kube: Endpoint) -> None:
     core, events, ns = client.CoreV1Api(kube.api), client.EventsV1Api(kube.api), await kube.new_namespace()
     body = {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "p.1"}, "eventTime": "2026-12-01T00:00:00.000000Z",
         "reportingController": "sharepack.io/kubelet", "reportingInstance": "node-a", "action": "Allocate",
         "reason": "Allocated", "note": "devices GPU-1", "type": "Normal",
         "regarding": {"kind": "Pod", "namespace": ns, "name": "p", "apiVersion": "v1"},
     }  # fmt: skip
-    await kube.call(events.create_namespaced_event, ns, body)
+    # Raw JSON: the client's model would write eventTime as ...+00:00, which a MicroTime refuses.
+    code, _, created = await kube.post_json(f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body)
+    assert (code, created["eventTime"]) == (201, "2026-12-01T00:00:00.000000Z")
     core_view = await kube.call(core.list_namespaced_event, ns, field_selector="involvedObject.name=p")
     assert [(e.reason, e.message, e.involved_object.kind, e.reporting_component) for e in core_view.items] == [
         ("Allocated", "devices GPU-1", "Pod", "sharepack.io/kubelet")
@@ -370,14 +378,19 @@ async def test_a_created_pod_gets_the_servers_defaults(kube: Endpoint) -> None:
 
 async def test_a_node_lease_is_created_renewed_and_printed(kube: Endpoint) -> None:
     leases, ns = client.CoordinationV1Api(kube.api), await kube.new_namespace()
-    body = {"metadata": {"name": "node-a"},
-            "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40, "renewTime": "2026-12-01T00:00:00.000000Z"}}
-    created = await kube.call(leases.create_namespaced_lease, ns, body)
-    created.spec.renew_time = created.spec.renew_time.replace(minute=1)
-    renewed = await kube.call(leases.replace_namespaced_lease, "node-a", ns, created)
-    assert int(renewed.metadata.resource_version) > int(created.metadata.resource_version)
-    got = await kube.call(leases.read_namespaced_lease, "node-a", ns)
-    assert got.spec.renew_time.minute == 1 and got.spec.holder_identity == "node-a"
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "node-a"},
+            "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40,
+                     "renewTime": "2026-12-01T01:00:00.000000+01:00"}}  # fmt: skip
+    code, _, created = await kube.post_json(path, body)
+    assert (code, created["spec"]["renewTime"]) == (201, "2026-12-01T00:00:00.000000Z"), "stored in UTC"
+    renew = {"spec": {"renewTime": "2026-12-01T00:01:00.000000Z"}}
+    renewed = await kube.call(leases.patch_namespaced_lease, "node-a", ns, renew)
+    assert int(renewed.metadata.resource_version) > int(created["metadata"]["resourceVersion"])
+    for bad in ("2026-12-01T00:02:00Z", "2026-12-01T00:02:00+00:00", "2026-12-01T00:02:00.123Z"):
+        code, _, status = await kube.post_json(path, {**body, "metadata": {"name": "x"}, "spec": {"renewTime": bad}})
+        assert (code, status["reason"]) == (400, "BadRequest"), bad
+        assert f'parsing time "{bad}"' in status["message"]
     code, table = await kube.get_json(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", accept=TABLE)
     assert code == 200
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Holder", "Age"]
@@ -414,12 +427,18 @@ async def test_events_live_in_the_namespace_of_what_they_are_about(kube: Endpoin
     await kube.call(core.delete_namespaced_event, created.metadata.name, "default")
     about_pod = {"kind": "Pod", "name": "p", "namespace": ns, "apiVersion": "v1"}
     await kube.call(core.create_namespaced_event, ns, {**about_node, "involvedObject": about_pod})
+    # events.k8s.io/v1 checks more, eventTime first; a generateName must itself be a valid prefix.
+    path = f"/apis/events.k8s.io/v1/namespaces/{ns}/events"
     incomplete = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"generateName": "p."},
                   "regarding": about_pod, "reason": "R", "type": "Normal"}  # fmt: skip
-    code, _, body = await kube.post_json(f"/apis/events.k8s.io/v1/namespaces/{ns}/events", incomplete)
-    assert (code, body["reason"]) == (422, "Invalid")
-    assert {c["field"] for c in body["details"]["causes"]} == {
-        "eventTime", "reportingController", "reportingInstance", "action"}  # fmt: skip
+    for extra, fields in (
+        ({}, {"metadata.generateName", "eventTime"}),
+        ({"metadata": {"generateName": "p-"}, "eventTime": "2026-12-01T00:00:00.000000Z"},
+         {"reportingController", "reportingInstance", "action"}),
+    ):  # fmt: skip
+        code, _, body = await kube.post_json(path, {**incomplete, **extra})
+        assert (code, body["reason"]) == (422, "Invalid")
+        assert {c["field"] for c in body["details"]["causes"]} == fields
 
 
 async def test_a_created_namespace_is_active_and_only_some_kinds_have_a_generation(kube: Endpoint) -> None:
