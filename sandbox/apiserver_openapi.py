@@ -19,6 +19,7 @@ import copy
 import functools
 import hashlib
 import importlib.util
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ import yaml
 from sandbox import apiserver_resources as resources
 from sandbox.apiserver_resources import ResourceType
 
+log = logging.getLogger(__name__)
 Schema = dict[str, Any]
 
 def _defs_dir() -> Path:
@@ -104,9 +106,14 @@ def _crd_definitions() -> dict[str, Schema]:
     """The NodeGpuState schema as the real server publishes a CRD's: the CRD's own schema plus the
     standard apiVersion/kind/metadata and the group-version-kind."""
     rt = resources.NODE_GPU_STATES
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == rt.version]
-    schema: Schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+    schema: Schema
+    if CRD_FILE.is_file():
+        crd = yaml.safe_load(CRD_FILE.read_text())
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == rt.version]
+        schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+    else:  # an installed package without the repository's deploy/: keep every field
+        log.warning("%s not found: NodeGpuState is served without its schema (no pruning, no explain)", CRD_FILE)
+        schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     props = schema.setdefault("properties", {})
     props["apiVersion"] = {"type": "string", "description": "APIVersion of this object."}
     props["kind"] = {"type": "string", "description": "Kind of this object."}
