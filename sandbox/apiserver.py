@@ -3,7 +3,7 @@
 It speaks the JSON REST protocol the real `kubernetes` client and kubectl use, over real HTTP on
 127.0.0.1: Namespaces, Nodes, Pods (with the `binding` subresource), ConfigMaps, Events (core/v1,
 and events.k8s.io/v1 as a converted view of the same objects), Leases, the `NodeGpuState` custom
-resource, and SelfSubjectAccessReview; get / list / watch / create / update / patch (merge,
+resource, SelfSubjectAccessReview and SelfSubjectReview; get / list / watch / create / update / patch (merge,
 strategic, JSON, server-side apply) / delete, resource versions, 409 on stale writes, status
 subresources, owner references and their garbage collection, and `Status` error bodies. Storage
 and semantics live in `apiserver_store`; this module maps HTTP onto them.
@@ -30,8 +30,8 @@ every connection (the port is reused on `resume()`), `fail_next(...)` injects er
 `requests` records every call.
 
 kubectl works against it: discovery, the OpenAPI v2 and v3 documents (`apiserver_openapi`) that
-`apply`, `create` and `explain` need, the protobuf SelfSubjectAccessReview of `auth can-i`
-(`apiserver_protobuf`), and the `meta.k8s.io/v1` Table of `get` with the real server's columns
+`apply`, `create` and `explain` need, the protobuf bodies of its typed clients (`auth can-i`,
+`auth whoami`, `create namespace|configmap`, `drain`: `apiserver_protobuf`), and the `meta.k8s.io/v1` Table of `get` with the real server's columns
 (`apiserver_printers`), for get, list and watch.
 """
 
@@ -324,7 +324,10 @@ class FakeApiServer:
         if t.rt.virtual:
             if request.method != "POST" or t.name:
                 raise ApiError(405, "MethodNotAllowed", f"{t.rt.plural} only supports create")
-            return _json_response(self._access_review(await self._body(request)), 201)
+            body = await self._body(request)
+            if t.rt is resources.SELF_SUBJECT_REVIEWS:
+                return _json_response(self._who_am_i(), 201)
+            return _json_response(self._access_review(body), 201)
         if request.method not in ("POST", "PUT", "PATCH"):
             return await self._read_or_delete(request, t)
         try:
@@ -338,6 +341,14 @@ class FakeApiServer:
         for warning in warnings:
             response.headers.add("Warning", f'299 - "{warning.replace(chr(34), chr(92) + chr(34))}"')
         return response
+
+    @staticmethod
+    def _who_am_i() -> Obj:
+        """A SelfSubjectReview: the sandbox does not authenticate; every caller is this one user."""
+        review = resources.SELF_SUBJECT_REVIEWS
+        user = {"username": "sandbox", "groups": ["system:masters", "system:authenticated"]}
+        return {"kind": review.kind, "apiVersion": review.api_version, "metadata": {"creationTimestamp": None},
+                "status": {"userInfo": user}}  # fmt: skip
 
     @staticmethod
     def _access_review(body: Any) -> Obj:

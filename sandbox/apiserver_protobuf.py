@@ -3,7 +3,8 @@
 kubectl writes built-in types through its typed clients as `application/vnd.kubernetes.protobuf`
 and falls back to JSON only for CBOR, whatever the server prefers (it does accept a JSON
 answer). So `kubectl auth can-i` (SelfSubjectAccessReview), `kubectl create namespace`,
-`kubectl create configmap` and `kubectl drain`'s deletions (DeleteOptions) arrive in protobuf.
+`kubectl create configmap`, `kubectl auth whoami` (SelfSubjectReview) and `kubectl drain`'s
+deletions (DeleteOptions) arrive in protobuf.
 The body is Kubernetes' envelope: the magic `k8s\\0`, then a `runtime.Unknown` whose `typeMeta`
 names the kind and whose `raw` is the object. The messages below are the ones those commands send,
 with the field numbers of k8s.io/api and k8s.io/apimachinery's generated.proto; a field not listed
@@ -47,6 +48,7 @@ _MESSAGES: dict[str, Fields] = {
     },
     "Preconditions": {1: ("uid", "?string"), 2: ("resourceVersion", "?string")},
     "SelfSubjectAccessReview": {1: ("metadata", "ObjectMeta"), 2: ("spec", "SelfSubjectAccessReviewSpec")},
+    "SelfSubjectReview": {1: ("metadata", "ObjectMeta")},
     "SelfSubjectAccessReviewSpec": {1: ("resourceAttributes", "ResourceAttributes"),
                                     2: ("nonResourceAttributes", "NonResourceAttributes")},
     "ResourceAttributes": {1: ("namespace", "string"), 2: ("verb", "string"), 3: ("group", "string"),
@@ -57,7 +59,7 @@ _MESSAGES: dict[str, Fields] = {
     "BytesMapEntry": {1: ("key", "string"), 2: ("value", "bytes")},
 }  # fmt: skip
 # The kinds a body may carry (the envelope's typeMeta.kind).
-KINDS = ("ConfigMap", "Namespace", "DeleteOptions", "SelfSubjectAccessReview")
+KINDS = ("ConfigMap", "Namespace", "DeleteOptions", "SelfSubjectAccessReview", "SelfSubjectReview")
 
 
 class ProtobufError(ValueError):

@@ -140,9 +140,14 @@ SELF_SUBJECT_ACCESS_REVIEWS = ResourceType(
     "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False, frozenset(),
     status_subresource=False, verbs=("create",), virtual=True,
 )
+SELF_SUBJECT_REVIEWS = ResourceType(
+    "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, frozenset(),
+    status_subresource=False, verbs=("create",), virtual=True,
+)
 
 ALL: tuple[ResourceType, ...] = (
-    NAMESPACES, NODES, PODS, CONFIGMAPS, EVENTS, EVENTS_V1, NODE_GPU_STATES, LEASES, SELF_SUBJECT_ACCESS_REVIEWS
+    NAMESPACES, NODES, PODS, CONFIGMAPS, EVENTS, EVENTS_V1, NODE_GPU_STATES, LEASES, SELF_SUBJECT_ACCESS_REVIEWS,
+    SELF_SUBJECT_REVIEWS,
 )
 STORED: tuple[ResourceType, ...] = tuple(r for r in ALL if not r.virtual)
 BY_PATH: Mapping[tuple[str, str, str], ResourceType] = {(r.group, r.version, r.plural): r for r in ALL}

@@ -97,6 +97,7 @@ async def test_a_kubectl_session_works_as_on_a_cluster(server: FakeApiServer, tm
     assert "FIELD: resources" in explained and "limits\t<map[string]Quantity>" in explained
 
     assert (await run("auth", "can-i", "create", "pods")).strip() == "yes"
+    assert (await run("auth", "whoami")).split()[2:4] == ["Username", "sandbox"]
 
     nodes = [line.split() for line in (await run("get", "nodes")).splitlines()]
     assert nodes[0] == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
