@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracesim import kubescheduler, policies, reporting, running, traces  # noqa: E402
-from tracesim.__main__ import _parser, kube_config  # noqa: E402
+from tracesim.cli import _parser, kube_config  # noqa: E402
 
 WORKLOADS = ("default", "cpu250", "gpushare100", "multigpu50", "gpuspec33")
 BASELINES = ("kube-default", "kube-binpack")
