@@ -95,7 +95,7 @@ def parse_args(argv: Sequence[str]) -> Options:
                         "agent reports it")  # fmt: skip
     p.add_argument("--resync", type=float, default=DEFAULT_RESYNC_S, help="relist period, s")
     p.add_argument("--state-max-age-seconds", type=float, default=DEFAULT_STATE_MAX_AGE_S,
-                   help="a NodeGpuState whose observedAt is older than this is stale: its node "
+                   help="a NodeGpuState whose observedAt has not changed for this long (by our clock) is stale: its node "
                         "is treated as unknown (passes filter, score 0); 0 turns the check off")  # fmt: skip
     a = p.parse_args(list(argv))
     if bool(a.tls_cert_file) != bool(a.tls_private_key_file):

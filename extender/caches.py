@@ -9,12 +9,16 @@
   effective state (published + assumed), rebuilt on every change, so the request path is
   dictionary lookups.
 * Freshness: each agent rewrites its state at least every heartbeat (`--state-heartbeat-seconds`)
-  even when nothing changed. A state whose `observedAt` is older than `max_age_s` is *stale*
-  and the node is treated as unknown (filter passes it, prioritize scores it 0): its agent may
-  be dead, and its counts may be wrong in either direction. `observedAt` is parsed once per
-  watch event into `WireScorer.fresh_until` (wall-clock seconds); the request path compares
-  that float against one clock read per request. `sweep_stale` (called periodically) logs
-  each node once as it goes stale; a write that makes it fresh again is logged as it arrives.
+  even when nothing changed, with a new `observedAt`. A state whose `observedAt` has not
+  changed for `max_age_s`, *by this extender's clock*, is *stale* and the node is treated as
+  unknown (filter passes it, prioritize scores it 0): its agent may be dead, and its counts may
+  be wrong in either direction. The age is counted from when we saw `observedAt` change, never
+  from its value: a node whose clock is minutes off would otherwise be always stale (or never).
+  The cost: a state first seen at our start counts as fresh for one `max_age_s`, since we cannot
+  tell an old write from a skewed clock. `WireScorer.fresh_until` holds that deadline
+  (wall-clock seconds); the request path compares that float against one clock read per
+  request. `sweep_stale` (called periodically) logs each node once as it goes stale; a write
+  that makes it fresh again is logged as it arrives.
 * `Informer`: list + watch of one resource in a thread (the kubernetes client is blocking),
   delivering to the loop with `call_soon_threadsafe`: periodic relist (resync), relist on 410
   Gone, reconnect with capped exponential backoff. The request path never calls the API.
@@ -131,8 +135,9 @@ class ClusterView:
         self.managed = managed
         # States older than this are stale (the node counts as unknown); 0: no age check.
         self.max_age_s = max_age_s
-        self.wall_clock = wall_clock  # compared with the agents' observedAt: wall time
+        self.wall_clock = wall_clock  # ours only: never compared with an agent's observedAt
         self._fresh_until: dict[str, float] = {}  # node -> when its published state goes stale
+        self._heard: dict[str, tuple[str, float]] = {}  # node -> (observedAt, when we saw it change)
         self.stale: set[str] = set()  # nodes last logged as stale
         self.scorers: dict[str, WireScorer] = {}  # nodes with a usable published state
         self.published: dict[str, tuple[str, NodeState]] = {}  # node -> (resourceVersion, state)
@@ -239,17 +244,19 @@ class ClusterView:
     # -- freshness -------------------------------------------------------------------------
 
     def _track_freshness(self, name: str, state: NodeState) -> float:
-        """Parse `observedAt` once, remember when the state goes stale, log a transition."""
+        """Note when `observedAt` changed (by our clock), remember when the state goes stale,
+        log a transition."""
         if self.max_age_s <= 0:
             fresh_until = NEVER_STALE
         else:
             now = self.wall_clock()
-            observed = observed_epoch(state.observed_at)
-            if observed is None:
+            if observed_epoch(state.observed_at) is None:
                 fresh_until = -math.inf  # no usable time: we cannot tell it is fresh
             else:
-                # An agent clock ahead of ours must not buy extra life: count from receipt.
-                fresh_until = min(observed, now) + self.max_age_s
+                heard = self._heard.get(name)
+                if heard is None or heard[0] != state.observed_at:
+                    heard = self._heard[name] = (state.observed_at, now)
+                fresh_until = heard[1] + self.max_age_s
             if fresh_until <= now:
                 self._went_stale(name, state.observed_at, now)
             elif name in self.stale:
@@ -263,8 +270,11 @@ class ClusterView:
         if name in self.stale:
             return
         self.stale.add(name)
-        observed = observed_epoch(observed_at)
-        age = "unreadable" if observed is None else f"{now - observed:.0f} s ago"
+        heard = self._heard.get(name)
+        if observed_epoch(observed_at) is None or heard is None:
+            age = "unreadable"
+        else:
+            age = f"unchanged for {now - heard[1]:.0f} s by our clock"
         log.warning(
             "NodeGpuState of node %s is stale: observed at %s (%s), max age %.0f s; treating the "
             "node as unknown (filter passes it, score 0) until its agent writes again",
@@ -273,6 +283,7 @@ class ClusterView:
 
     def _forget_freshness(self, name: str) -> None:
         self._fresh_until.pop(name, None)
+        self._heard.pop(name, None)
         self.stale.discard(name)
 
     def sweep_stale(self) -> int:
