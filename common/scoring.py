@@ -285,6 +285,52 @@ def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> Nod
     return replace(state, resources=tuple(resources))
 
 
+def release_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
+    """The state after a pod that held `placement` has gone, before its agent republishes (how
+    the extender frees a deleted pod's devices at once). Counts never go below zero."""
+    if not placement:
+        return state
+    resources = []
+    for res in state.resources:
+        keys = placement.get(res.name)
+        if not keys:
+            resources.append(res)
+            continue
+        counts = Counter(keys)
+        gpus = []
+        for g in res.gpus:
+            n = counts.get(g.key, 0)
+            if n or pod_uid in g.pods:
+                pods = tuple(p for p in g.pods if p != pod_uid)
+                g = replace(g, allocated=max(g.allocated - n, 0), pods=pods)
+            gpus.append(g)
+        resources.append(replace(res, gpus=tuple(gpus)))
+    return replace(state, resources=tuple(resources))
+
+
+def held_placement(state: NodeState, pod_uid: str, request: PodRequest | None) -> Placement | None:
+    """What the published state says the pod holds, one GPU key per device; None when its
+    counts cannot tell (the state lists pods per GPU, not how many devices each holds).
+
+    On a GPU the pod holds alone, it holds every allocated device; the rest of the pod's total
+    (`request`, as the kubelet counts it) sits on the GPUs it shares, which is known only when
+    there is one such GPU."""
+    out: dict[str, tuple[str, ...]] = {}
+    for res in state.resources:
+        mine = [g for g in res.gpus if pod_uid in g.pods]
+        if not mine:
+            continue
+        keys = [g.key for g in mine if len(g.pods) == 1 for _ in range(max(g.allocated, 0))]
+        shared = [g for g in mine if len(g.pods) > 1]
+        if shared:
+            left = (request.total(res.name) if request is not None else 0) - len(keys)
+            if len(shared) != 1 or left <= 0:
+                return None
+            keys.extend([shared[0].key] * left)
+        out[res.name] = tuple(sorted(keys))
+    return MappingProxyType(out) if out else None
+
+
 def placed_gpus(state: NodeState, pod_uid: str) -> dict[str, frozenset[str]]:
     """Per resource, the physical GPUs the published state says the pod holds."""
     out: dict[str, frozenset[str]] = {}

@@ -5,9 +5,12 @@
   pod watch) but not yet counted by the node's agent. An assumed pod counts with its predicted
   placement until the node's published pod UIDs include it or `assume_ttl` passes; when the
   agent reports it, predicted and reported physical GPUs are compared
-  (`sharepack_extender_predictions_total`). Per node it keeps one `NodeScorer` for the
-  effective state (published + assumed), rebuilt on every change, so the request path is
-  dictionary lookups.
+  (`sharepack_extender_predictions_total`). Symmetrically, a pod that is deleted or reaches
+  Succeeded/Failed while its node's published state still lists it is *released*: its devices
+  count as free at once (the kubelet frees them about when the DELETED event arrives, before
+  the agent republishes), until the published state drops it or `assume_ttl` passes. Per node
+  it keeps one `NodeScorer` for the effective state (published - released + assumed), rebuilt
+  on every change, so the request path is dictionary lookups.
 * Freshness: each agent rewrites its state at least every heartbeat (`--state-heartbeat-seconds`)
   even when nothing changed, with a new `observedAt`. A state whose `observedAt` has not
   changed for `max_age_s`, *by this extender's clock*, is *stale* and the node is treated as
@@ -110,6 +113,12 @@ class Assumed:
     expires: float  # monotonic
 
 
+@dataclass(slots=True)
+class Released:
+    placement: Placement  # the devices the gone pod held, freed in the effective state
+    expires: float  # monotonic
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -145,6 +154,8 @@ class ClusterView:
         self.assumed: dict[str, Assumed] = {}
         self._assumed_on: dict[str, set[str]] = {}  # node -> assumed pod UIDs
         self._settled: set[str] = set()  # counted by the agent, or expired: never assumed again
+        self._placed: dict[str, Placement] = {}  # settled pods whose prediction matched: exact
+        self._released: dict[str, dict[str, Released]] = {}  # node -> gone pods still published
         self.pods: dict[str, str] = {}  # bound GPU pod UID -> node
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
         self._shapes: OrderedDict[str, PodRequest] = OrderedDict()  # most recent last
@@ -227,7 +238,7 @@ class ClusterView:
         old = self.published.get(name)
         self._publish(name, (rv, state))
         fresh_until = self._track_freshness(name, state)
-        settled = False
+        settled = self._catch_up_releases(name, state)
         for uid in list(self._assumed_on.get(name, ())):
             reported = scoring.placed_gpus(state, uid)
             if reported:
@@ -362,6 +373,7 @@ class ClusterView:
 
     def _drop_state(self, name: str) -> None:
         self._publish(name, None)
+        self._released.pop(name, None)
         self.invalid.pop(name, None)
         self.scorers.pop(name, None)
         self._forget_freshness(name)
@@ -375,6 +387,8 @@ class ClusterView:
         predicted = scoring.placement_gpus(a.placement)
         match = all(reported.get(r, frozenset()) == keys for r, keys in predicted.items())
         self.metrics.prediction(match)
+        if match:
+            self._placed[uid] = a.placement  # exact: how many devices on each GPU, for release
         if not match:
             log.info(
                 "prediction missed for pod %s on node %s: predicted %s, agent reports %s",
@@ -388,6 +402,8 @@ class ClusterView:
             self.scorers.pop(name, None)
         else:
             rv, state = entry
+            for uid, r in self._released.get(name, {}).items():
+                state = scoring.release_placement(state, uid, r.placement)
             for uid in self._assumed_on.get(name, ()):
                 state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
             self._generation += 1
@@ -405,11 +421,15 @@ class ClusterView:
         for obj in objects:
             if isinstance(obj, Mapping):
                 present.add(str(_meta(obj).get("uid", "")))
-        # Assumed pods stay (a /bind can be newer than this list; the TTL bounds them).
+        # Assumed pods stay (a /bind can be newer than this list; the TTL bounds them). Bound
+        # pods missing from the list were deleted while we were not watching: released.
         for uid in [u for u in self.pods if u not in present]:
-            self.pods.pop(uid, None)
-            self._settled.discard(uid)
+            if uid in self.assumed:
+                self.pods.pop(uid, None)
+            else:
+                self.forget_pod(uid)
         self._settled &= present | set(self.assumed)
+        self._placed = {u: p for u, p in self._placed.items() if u in present}
         for obj in objects:
             self.upsert_pod(obj)
 
@@ -421,10 +441,10 @@ class ClusterView:
             return
         if not pod.uid or not pod.node_name:
             return
-        if pod.phase in TERMINAL_PHASES:
-            self.forget_pod(pod.uid)
-            return
         request = self.relevant(podrequests.pod_request(pod, self.managed))
+        if pod.phase in TERMINAL_PHASES:
+            self.forget_pod(pod.uid, request)
+            return
         if request.empty:
             return
         self.pods[pod.uid] = pod.node_name
@@ -439,17 +459,54 @@ class ClusterView:
         self.assume(pod.uid, pod.node_name, request)
 
     def delete_pod(self, obj: Any) -> None:
-        if isinstance(obj, Mapping):
-            self.forget_pod(str(_meta(obj).get("uid", "")))
+        if not isinstance(obj, Mapping):
+            return
+        request = None
+        try:
+            request = self.relevant(podrequests.pod_request(podrequests.decode_pod(obj, self.managed), self.managed))
+        except RequestError as e:
+            log.debug("a deleted pod is undecodable; releasing only what its placement shows: %s", e)
+        self.forget_pod(str(_meta(obj).get("uid", "")), request)
 
-    def forget_pod(self, uid: str) -> None:
-        self.pods.pop(uid, None)
+    def forget_pod(self, uid: str, request: PodRequest | None = None) -> None:
+        """The pod is gone (deleted, or Succeeded/Failed): stop counting it, and free what its
+        node's published state still counts for it (`request`, when known, tells how many
+        devices it held on a GPU it shared)."""
+        node = self.pods.pop(uid, None)
         self._settled.discard(uid)
+        placed = self._placed.pop(uid, None)
         a = self._forget_assumed(uid)
-        if a is not None:
-            self._rebuild(a.node)
+        node = node or (a.node if a is not None else None)
+        released = node is not None and self._release(uid, node, placed, request)
+        if a is not None or released:
+            assert node is not None
+            self._rebuild(node)
         else:
             self._changed()
+
+    def _release(self, uid: str, node: str, placed: Placement | None, request: PodRequest | None) -> bool:
+        entry = self.published.get(node)
+        if entry is None or not scoring.placed_gpus(entry[1], uid):
+            return False  # not (or no longer) counted by its agent: nothing to free
+        placement = placed or scoring.held_placement(entry[1], uid, request)
+        if not placement:
+            log.info("pod %s on node %s is gone; its devices count until its agent republishes "
+                     "(the published counts do not say how many it held)", uid, node)  # fmt: skip
+            return False
+        self._released.setdefault(node, {})[uid] = Released(placement, self.clock() + self.assume_ttl)
+        return True
+
+    def _catch_up_releases(self, node: str, state: NodeState) -> bool:
+        """Forget released pods the node's published state no longer lists; True if any."""
+        released = self._released.get(node)
+        if not released:
+            return False
+        done = [uid for uid in released if not scoring.placed_gpus(state, uid)]
+        for uid in done:
+            del released[uid]
+        if not released:
+            del self._released[node]
+        return bool(done)
 
     def _forget_assumed(self, uid: str) -> Assumed | None:
         a = self.assumed.pop(uid, None)
@@ -490,7 +547,17 @@ class ClusterView:
                      a.uid, a.node)  # fmt: skip
             self._forget_assumed(a.uid)
             self._settled.add(a.uid)
-        for node in {a.node for a in late}:
+        late_nodes = {a.node for a in late}
+        for node, released in list(self._released.items()):
+            gone = [uid for uid, r in released.items() if r.expires <= now]
+            for uid in gone:
+                log.info("released pod %s still listed by node %s's agent after the TTL: counted again", uid, node)
+                del released[uid]
+            if gone:
+                late_nodes.add(node)
+            if not released:
+                del self._released[node]
+        for node in late_nodes:
             self._rebuild(node)
         return len(late)
 
