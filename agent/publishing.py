@@ -51,6 +51,7 @@ import aiohttp
 from kubernetes.aio import client as kclient
 
 from agent import configwatching
+from agent.directing import Director
 from agent.kubewatching import Key, Obj, Reflector
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.reloading import ConfigReloader
@@ -179,6 +180,14 @@ class Publisher:
         self._published_at = float("-inf")  # clock() when the published observedAt was current
         self.writes = 0
         self.write_failures = 0
+
+    def pod_objects(self) -> Any:
+        """The pods bound to this node, as the watch last saw them (for agent.directing)."""
+        return self.pods.reflector.cache.values()
+
+    def listed_pods(self) -> set[tuple[str, str]]:
+        """(namespace, name) of the pods PodResources last listed with devices."""
+        return {(p.namespace, p.name) for p in self._listing}
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -463,15 +472,19 @@ async def run_publication(
     settings: PublishSettings | None = None,
     config_source: configwatching.ConfigSource | None = None,
     reloader: ConfigReloader | None = None,
+    director: Director | None = None,
 ) -> None:
     """Publish the node's NodeGpuState (and, with `config_source`, follow the per-node config)
     until cancelled. Meant to run as one supervised task next to `Agent.run()`; it raises only on
     a bug, never because the API or the kubelet is away. Returns never.
 
     `reloader` (the agent's SIGHUP config loader) follows the per-node config while it is
-    watched, so SIGHUP re-applies the named config in charge rather than the file."""
+    watched, so SIGHUP re-applies the named config in charge rather than the file.
+    `director` (directed GPUs) reads the pods this publication watches."""
     async with PodResourcesClient(pod_resources_socket) as pod_resources:
         publisher = Publisher(agent, api, node_name, pod_resources, settings)
+        if director is not None:
+            director.feed(publisher.pod_objects, publisher.listed_pods)
         tasks = Supervisor(f"publication {node_name}")
         tasks.spawn("publication:publisher", publisher.run())
         watcher = None

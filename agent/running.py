@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import health, registering, responses
+from agent.directing import Director
 from agent.health import HealthBook, WaitForXid, XidLike, XidPolicy
 from agent.responses import ContainerResponse, ResponseOptions
 from agent.serving import PluginServer
@@ -108,8 +109,14 @@ class _ResourcePlugin:
         book = self._agent._book
         return [(d, book.is_healthy(d.uuid)) for d in self._resource.devices]
 
-    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         agent = self._agent
+        # Directed GPUs (the extender's choice for the pod being admitted) first; full GPUs keep
+        # the topology-aware path, which the extender's counts cannot replay.
+        if agent.director is not None and not self._resource.full_gpu:
+            chosen = await agent.director.choose(self._resource, available, must_include, size)
+            if chosen is not None:
+                return chosen
         return responses.preferred_allocation(
             self._resource, agent.config.allocation_policy, agent._pair_scores,
             available, must_include, size,
@@ -167,6 +174,8 @@ class Agent:
         self._health_marked = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._response_options = self._options_for(config)
+        # Set when directed GPUs are on and the API is reachable (agent.directing).
+        self.director: Director | None = None
 
     # ---- what the publisher reads --------------------------------------------------------
 

@@ -35,7 +35,7 @@ class PluginLogic(Protocol):
     @property
     def resource(self) -> Resource: ...
     def device_health(self) -> Sequence[tuple[Device, bool]]: ...
-    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]: ...
+    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]: ...
     def allocate(self, requested: Sequence[str]) -> ContainerResponse: ...
 
 
@@ -105,7 +105,7 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
         answers = []
         for req in request.container_requests:
             try:
-                chosen = self._logic.preferred(
+                chosen = await self._logic.preferred(
                     list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
                 )
             except Exception as exc:  # noqa: BLE001 - mapped to a status code

@@ -116,8 +116,16 @@ def _free(g: GpuState) -> int:
     return min(g.free, max(g.total, 0))
 
 
-def _simulate(res: ResourceState, request: PodRequest, policy: Policy) -> dict[str, int] | NodeScore:
-    """Counts per GPU the pod ends up holding of `res`, or the infeasible score saying why."""
+def _simulate(
+    res: ResourceState,
+    request: PodRequest,
+    policy: Policy,
+    new_per_container: dict[str, dict[str, int]] | None = None,
+) -> dict[str, int] | NodeScore:
+    """Counts per GPU the pod ends up holding of `res`, or the infeasible score saying why.
+
+    `new_per_container`, when given, receives per container the counts per GPU it takes beyond
+    what it reuses from the pod's pool: what the kubelet asks the device plugin to choose."""
     name = res.name
     free = {g.key: _free(g) for g in res.gpus}
     totals = {g.key: max(g.total, 0) for g in res.gpus}
@@ -148,6 +156,8 @@ def _simulate(res: ResourceState, request: PodRequest, policy: Policy) -> dict[s
             for k, cnt in extra.items():
                 free[k] -= cnt
                 held[k] = held.get(k, 0) + cnt
+            if new_per_container is not None:
+                new_per_container[c.name] = {k: cnt for k, cnt in extra.items() if cnt}
         if c.kind is ContainerKind.INIT:
             # An init container's devices return to the pool when it ends; the reused ones
             # are in it already.
@@ -222,6 +232,31 @@ def score_node(
     score = min(max(score, MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
     reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
     return NodeScore(True, score, reason, MappingProxyType(placement))
+
+
+ContainerPlacements = tuple[tuple[str, Placement], ...]  # (container name, its new devices), kubelet order
+
+
+def container_placements(state: NodeState, request: PodRequest) -> ContainerPlacements | None:
+    """Per container, the physical GPUs of the devices it takes beyond what it reuses from the
+    pod's pool (one key per device), as `score_node` predicts them: the same loop, split by
+    container. Containers that take nothing new are left out (the kubelet does not ask the
+    device plugin for them). None when the pod does not fit."""
+    per: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name, _ in request.totals:
+        res = state.resource(name)
+        if res is None:
+            return None
+        new: dict[str, dict[str, int]] = {}
+        if isinstance(_simulate(res, request, state.allocation_policy, new), NodeScore):
+            return None
+        for container, counts in new.items():
+            if counts:
+                keys = tuple(sorted(k for k, cnt in counts.items() for _ in range(cnt)))
+                per.setdefault(container, {})[name] = keys
+    return tuple(
+        (c.name, MappingProxyType(per[c.name])) for c in request.containers if c.name in per
+    )
 
 
 def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:

@@ -30,6 +30,7 @@ from common import fragmentation
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
+from extender import directing
 from extender.binding import ApiBinder, Binder
 from extender.caches import ClusterView, Informer, pod_handler, state_handler
 from extender.metrics import Metrics
@@ -61,6 +62,7 @@ class Options:
     assume_ttl_s: float = DEFAULT_ASSUME_TTL_S
     resync_s: float = DEFAULT_RESYNC_S
     state_max_age_s: float = DEFAULT_STATE_MAX_AGE_S  # 0: no age check
+    directed_gpus: bool = True  # annotate bound pods with their GPUs (extender.directing)
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -97,6 +99,10 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--state-max-age-seconds", type=float, default=DEFAULT_STATE_MAX_AGE_S,
                    help="a NodeGpuState whose observedAt has not changed for this long (by our clock) is stale: its node "
                         "is treated as unknown (passes filter, score 0); 0 turns the check off")  # fmt: skip
+    p.add_argument("--directed-gpus", action=argparse.BooleanOptionalAction, default=True,
+                   help="at bind, write the physical GPUs the pod was counted on into its "
+                        "sharepack.io/gpus annotation, for the node's agent to allocate on "
+                        "(default: on)")  # fmt: skip
     a = p.parse_args(list(argv))
     if bool(a.tls_cert_file) != bool(a.tls_private_key_file):
         p.error("--tls-cert-file and --tls-private-key-file go together")
@@ -133,6 +139,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         assume_ttl_s=a.assume_ttl,
         resync_s=a.resync,
         state_max_age_s=a.state_max_age_seconds,
+        directed_gpus=a.directed_gpus,
     )
     try:
         opts.host_port
@@ -233,6 +240,7 @@ class Service:
                 ),
             ]
             binder = ApiBinder(api)
+            binder = directing.DirectingBinder(binder, self.view, api) if opts.directed_gpus else binder
         self.extender = Extender(
             self.view, binder=binder, metrics=self.metrics, ready=self.synced,
             url_prefix=opts.url_prefix,

@@ -538,6 +538,31 @@ class ClusterView:
         self._rebuild(node)
         return predicted
 
+    def direct(self, uid: str, node: str, request: PodRequest) -> scoring.ContainerPlacements:
+        """Assume the pod on `node` now, and return its predicted placement split by container
+        (the directed GPUs), both computed on one effective state: what the pod is told to take
+        is exactly what it counts with. Empty when there is nothing to direct (a stale or
+        unknown node, an infeasible pod, a pod already counted)."""
+        request = self.relevant(request)
+        scorer = self.fresh_scorer(node)
+        if scorer is None or request.empty or uid in self.assumed or uid in self._settled:
+            return ()
+        split = scoring.container_placements(scorer.state, request)
+        predicted = self.assume(uid, node, request)
+        if not split or predicted is None or not predicted.feasible:
+            return ()
+        joined: dict[str, list[str]] = {}
+        for _, gpus in split:
+            for r, keys in gpus.items():
+                joined.setdefault(r, []).extend(keys)
+        # The split comes from the same loop as the prediction; renaming alike nodes' shared
+        # scores must not change it. If it ever did, directing would break the prediction.
+        if scoring.placement_gpus(predicted.placement) != {r: frozenset(k) for r, k in joined.items()}:
+            log.warning("pod %s on node %s: per-container placement %s disagrees with the "
+                        "prediction %s; not directing its GPUs", uid, node, split, predicted.placement)  # fmt: skip
+            return ()
+        return split
+
     def expire(self) -> int:
         """Stop counting assumed pods older than the TTL; returns how many."""
         now = self.clock()

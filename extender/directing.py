@@ -1,0 +1,70 @@
+"""Directed GPUs at bind: tell the node's agent which physical GPUs the pod was counted on.
+
+`DirectingBinder` wraps the binder: before the Binding is created it assumes the pod on its
+node (`ClusterView.direct`, the same step that counts it) and writes the predicted GPUs of each
+container into the pod's `sharepack.io/gpus` annotation (format: `common.directions`). The
+annotation goes on *before* the binding, so the kubelet, which admits a pod once it sees it
+bound, never meets it without; the agent's `GetPreferredAllocation` then answers with devices
+on those GPUs (agent.directing). A failed annotation write is logged and the pod is bound
+anyway (its agent falls back to its own policy); a failed bind stops counting the pod.
+
+`--no-directed-gpus` leaves the binder unwrapped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from common import directions
+from extender.binding import Binder, BindError
+from extender.caches import ClusterView
+from extender.protocol import BindingArgs
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class DirectingBinder:
+    """A `Binder` that annotates the pod with its directed GPUs before binding it."""
+
+    def __init__(self, inner: Binder, view: ClusterView, api_client: Any, *, timeout_s: float = 10.0) -> None:
+        from kubernetes import client  # imported here: only the composition root needs it
+
+        self._inner = inner
+        self._view = view
+        self._core = client.CoreV1Api(api_client)
+        self._timeout = timeout_s
+        self.annotated = 0  # pods bound with directions (for tests and logs)
+
+    async def get_pod(self, namespace: str, name: str) -> Any:
+        return await self._inner.get_pod(namespace, name)
+
+    async def bind(self, args: BindingArgs) -> None:
+        request = self._view.recalled(args.pod_uid) if args.pod_uid else None
+        split = self._view.direct(args.pod_uid, args.node, request) if request is not None else ()
+        if split:
+            await self._annotate(args, directions.encode(directions.from_placements(args.node, split)))
+        try:
+            await self._inner.bind(args)
+        except BindError:
+            if split:
+                self._view.forget_pod(args.pod_uid)  # not bound: stop counting it
+            raise
+
+    async def _annotate(self, args: BindingArgs, value: str) -> None:
+        body = {"metadata": {"annotations": {directions.ANNOTATION: value}}}
+        try:
+            await asyncio.to_thread(
+                self._core.patch_namespaced_pod, args.pod_name, args.pod_namespace, body,
+                _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=self._timeout,
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - directions are an optimisation: bind regardless
+            log.warning("pod %s/%s: cannot write its directed GPUs (%s); binding it anyway, its "
+                        "agent will choose by its own policy", args.pod_namespace, args.pod_name,
+                        getattr(e, "reason", None) or e)  # fmt: skip
+            return
+        self.annotated += 1
+        log.debug("pod %s/%s directed on node %s: %s", args.pod_namespace, args.pod_name, args.node, value)
