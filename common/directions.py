@@ -5,8 +5,8 @@ of the pod lands on (`scoring.container_placements`, the loop that also scores t
 writes them into the pod's annotation `sharepack.io/gpus`. When the kubelet then asks the node's
 agent for a preferred allocation, the agent answers with devices on exactly those GPUs if they
 are all available, and falls back to its own policy otherwise. So the prediction the extender
-counts with is the placement the pod gets, whatever the node's policy and whatever the
-extender's (`fragaware` chooses the GPU the way FGD does, not only the node).
+counts with is the placement the pod gets, and an extender could choose the GPU itself, not
+only the node.
 
 The annotation, one line of JSON (version 1):
 

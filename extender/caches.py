@@ -563,6 +563,14 @@ class ClusterView:
             return ()
         return split
 
+    def unassume(self, uid: str, node: str) -> None:
+        """Undo `direct` after a failed bind: stop counting the pod on `node`, and only there
+        (the pod watch may have seen it bound elsewhere meanwhile)."""
+        a = self.assumed.get(uid)
+        if a is not None and a.node == node:
+            self._forget_assumed(uid)
+            self._rebuild(node)
+
     def expire(self) -> int:
         """Stop counting assumed pods older than the TTL; returns how many."""
         now = self.clock()

@@ -51,7 +51,7 @@ class DirectingBinder:
             await self._inner.bind(args)
         except BindError:
             if split:
-                self._view.forget_pod(args.pod_uid)  # not bound: stop counting it
+                self._view.unassume(args.pod_uid, args.node)  # not bound there: stop counting it
             raise
 
     async def _annotate(self, args: BindingArgs, value: str) -> None:
