@@ -67,6 +67,7 @@ class Settings:
     recovery_after_s: float = 0.0  # > 0: a device quiet this long becomes healthy again
     watch_interval_s: float = 0.1
     drain_grace_s: float = 1.0
+    stream_grace_s: float = 0.5  # a lost ListAndWatch stream not replaced by then: register again
     xid_wait_ms: int = 500
 
     @property
@@ -300,6 +301,7 @@ class Agent:
         for resource in self.resources:
             path = self.settings.plugin_dir / registering.socket_name(resource.name)
             server = PluginServer(_ResourcePlugin(self, resource), path)
+            server.on_stream_lost = self._stream_lost
             await server.start()
             self._servers[resource.name] = server
         for server in self._servers.values():
@@ -315,6 +317,25 @@ class Agent:
             ),
             expect_return=True,
         )
+
+    def _stream_lost(self, server: PluginServer) -> None:
+        """The kubelet ended our ListAndWatch stream while our sockets stay (a kubelet that
+        restarts deletes them, which the kubelet watcher handles): register again, unless a new
+        stream arrives within `stream_grace_s` (the kubelet replacing an endpoint after our own
+        re-registration ends the old stream just after opening the new one)."""
+        name = f"relisten:{server.resource_name}"
+        if name not in self._registrations.names:
+            self._registrations.spawn(name, self._register_if_still_lost(server), expect_return=True)
+
+    async def _register_if_still_lost(self, server: PluginServer) -> None:
+        await asyncio.sleep(self.settings.stream_grace_s)
+        if server.stopping or server.streams or self._servers.get(server.resource_name) is not server:
+            return
+        log.warning(
+            "the kubelet ended the ListAndWatch stream of %s (its sockets are still there): "
+            "registering again", server.resource_name, extra={"resource": server.resource_name},
+        )  # fmt: skip
+        await self._register_in_background(server)
 
     async def _stop_servers(self, *, grace: float) -> None:
         servers = list(self._servers.values())

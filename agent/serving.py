@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, Protocol
 
@@ -90,14 +90,23 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         # Every message replaces the kubelet's whole list; resend only when it changed.
         last: list[tuple[str, bool]] | None = None
-        while not self._server.stopping:
-            wake = self._server.wake
-            pairs = list(self._logic.device_health())
-            current = [(d.id, ok) for d, ok in pairs]
-            if current != last:
-                last = current
-                yield api_pb2.ListAndWatchResponse(devices=[api_device(d, ok) for d, ok in pairs])
-            await wake.wait()
+        server = self._server
+        server.streams += 1
+        try:
+            while not server.stopping:
+                wake = server.wake
+                pairs = list(self._logic.device_health())
+                current = [(d.id, ok) for d, ok in pairs]
+                if current != last:
+                    last = current
+                    yield api_pb2.ListAndWatchResponse(devices=[api_device(d, ok) for d, ok in pairs])
+                await wake.wait()
+        finally:
+            server.streams -= 1
+            if not server.stopping and server.streams == 0 and server.on_stream_lost is not None:
+                # The kubelet hung up on us without restarting (its sockets are all there): it
+                # now counts our devices unhealthy and never redials. The agent registers again.
+                server.on_stream_lost(server)
 
     async def GetPreferredAllocation(  # noqa: N802
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext[object, object]
@@ -139,6 +148,9 @@ class PluginServer:
         self.socket_path = socket_path
         self.stopping = False
         self.wake = asyncio.Event()
+        self.streams = 0  # ListAndWatch streams open now
+        # Called when the last ListAndWatch stream ends while we still serve.
+        self.on_stream_lost: Callable[[PluginServer], None] | None = None
         self._server: grpc.aio.Server | None = None
 
     @property
