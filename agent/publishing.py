@@ -31,7 +31,8 @@ Devices the agent allocated after the last PodResources read began (less `settle
 allocated even if that read did not show them yet; a pod the kubelet then rejects drops out at
 the next read. Devices a finished init container still holds (the kubelet keeps them for the
 pod, PodResources does not list them) are recovered from the agent's Allocate log
-(`statebuilding.with_init_container_devices`).
+(`statebuilding.with_init_container_devices`), which the agent keeps on disk too
+(agent.allocationlog), so a restart does not forget them.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import health, registering, responses
+from agent import allocationlog, health, registering, responses
 from agent.directing import Director
 from agent.health import HealthBook, WaitForXid, XidLike, XidPolicy
 from agent.responses import ContainerResponse, ResponseOptions
@@ -68,6 +68,7 @@ class Settings:
     watch_interval_s: float = 0.1
     drain_grace_s: float = 1.0
     stream_grace_s: float = 0.5  # a lost ListAndWatch stream not replaced by then: register again
+    keep_allocation_log: bool = True  # on disk beside the sockets (agent.allocationlog)
     xid_wait_ms: int = 500
 
     @property
@@ -80,6 +81,7 @@ class Allocation:
     resource: str
     device_ids: tuple[str, ...]
     at: float  # monotonic seconds
+    wall: float = 0.0  # wall-clock seconds, for the log on disk
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,7 @@ class Agent:
         config_loader: Callable[[], Config] | None = None,
         clock: Callable[[], float] = time.monotonic,
         response_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.inventory = inventory
@@ -166,6 +169,12 @@ class Agent:
         self._instances = health.mig_instances(inventory)
         self._book = HealthBook()
         self._allocations: collections.deque[Allocation] = collections.deque(maxlen=ALLOCATIONS_KEPT)
+        self._wall_clock = wall_clock
+        self._allocation_log = (
+            allocationlog.AllocationLog(allocationlog.path_beside(settings.plugin_dir), keep=ALLOCATIONS_KEPT)
+            if settings.keep_allocation_log
+            else None
+        )
         self._servers: dict[str, PluginServer] = {}
         self._lock = asyncio.Lock()
         self._tasks = Supervisor("agent")
@@ -221,8 +230,25 @@ class Agent:
             server.notify()
 
     def _record_allocation(self, resource: str, device_ids: Sequence[str]) -> None:
-        self._allocations.append(Allocation(resource, tuple(device_ids), self._clock()))
+        wall = self._wall_clock()
+        self._allocations.append(Allocation(resource, tuple(device_ids), self._clock(), wall))
+        if self._allocation_log is not None:
+            kept = ((a.resource, a.device_ids, a.wall) for a in self._allocations)
+            self._allocation_log.append(resource, device_ids, wall, kept)
         self._notify()
+
+    def _restore_allocations(self) -> None:
+        """Reload the Allocate log a previous life of the agent left on disk (the devices of
+        finished init containers are known only from it)."""
+        if self._allocation_log is None:
+            return
+        entries = self._allocation_log.load()
+        if not entries:
+            return
+        now, wall = self._clock(), self._wall_clock()
+        restored = [Allocation(r, ids, now - max(wall - t, 0.0), t) for r, ids, t in entries]
+        self._allocations.extendleft(reversed(restored))
+        log.info("restored %d allocation(s) from %s", len(restored), self._allocation_log.path)
 
     def _options_for(self, config: Config) -> ResponseOptions:
         return ResponseOptions(
@@ -263,6 +289,7 @@ class Agent:
         self._tasks.spawn(name, coro)
 
     async def start(self) -> None:
+        self._restore_allocations()
         async with self._lock:
             await self._start_servers()
         self._tasks.spawn(
