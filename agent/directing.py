@@ -21,10 +21,13 @@ device IDs and the size, so the `Director` works out which pod it is for:
   and for a pod without usable directions, the node's own policy answers (a fallback, counted
   and logged with its reason). The container counts as answered either way, so the next
   request of the same pod moves on to its next container.
-* Several matches (two pods pending with the same request: the kubelet is admitting one of
-  them, we cannot tell which): fall back, naming them. No match: wait up to `wait_s` for the
-  pod watch to catch up with the kubelet (it sees the binding through its own watch), then
-  fall back.
+* Several matches (a burst bound several pods with the same request to this node): a pod
+  some of whose containers were answered already is the one (the kubelet finishes a pod before
+  the next); else the kubelet admits in the order it learnt of the pods, oldest creation first
+  (`HandlePodAdditions` sorts each batch by creation time), so the pod created first, then bound
+  first (lowest `resourceVersion`), is taken. Only when that order cannot tell (equal keys) does
+  the node's policy answer (`ambiguous`). No match: wait up to `wait_s` for the pod watch to
+  catch up with the kubelet (it sees the binding through its own watch), then fall back.
 
 Never an error for the kubelet: a bad annotation, an unknown pod or a missing GPU is a fallback
 to the node's policy, which is what the agent did before directions existed.
@@ -33,6 +36,7 @@ to the node's policy, which is what the agent did before directions existed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +51,7 @@ from common.resources import Resource
 log = logging.getLogger(__name__)
 
 PENDING_PHASES = frozenset({"", "Pending"})
-DEFAULT_WAIT_S = 1.0
+DEFAULT_WAIT_S = 2.0  # a loaded node's pod watch can trail the kubelet by a second
 POLL_S = 0.02
 
 
@@ -82,6 +86,8 @@ class _Match:
     keys: tuple[str, ...] | None  # directed GPUs; None: no usable directions
     why_not: Fallback | None = None  # with keys None
     detail: str = ""
+    started: bool = False  # some of the pod's containers were answered already
+    order: tuple[str, int] = ("", 0)  # (creationTimestamp, resourceVersion): the kubelet's order
 
 
 PodSource = Callable[[], Iterable[Mapping[str, Any]]]
@@ -120,11 +126,11 @@ class Director:
         if not matches:
             self._fall_back(Fallback.NO_POD, f"no pending pod on node {self.node_name} asks for {what}")
             return None
-        if len(matches) > 1:
+        m = _first_admitted(matches)
+        if m is None:
             named = ", ".join(sorted(f"{m.pod}/{m.container}" for m in matches))
             self._fall_back(Fallback.AMBIGUOUS, f"{what}: several pending pods match ({named})")
             return None
-        (m,) = matches
         self._answered.setdefault(m.uid, set()).add((m.container, resource.name))
         where = f"pod {m.pod} container {m.container} ({what})"
         if m.keys is None:
@@ -163,7 +169,9 @@ class Director:
                 continue  # allocated before we could answer for it
             m = self._match(obj, uid, f"{ns}/{name}", answered or set(), resource, reused, size)
             if m is not None:
-                out.append(m)
+                rv = str(meta.get("resourceVersion") or "")
+                order = (str(meta.get("creationTimestamp") or ""), int(rv) if rv.isdigit() else 0)
+                out.append(dataclasses.replace(m, started=bool(answered), order=order))
         for gone in self._answered.keys() - present:
             del self._answered[gone]
         return out
@@ -191,6 +199,20 @@ class Director:
             if c.amount(resource) == size and (c.name, resource) not in answered:
                 return _Match(uid, pod, c.name, None, why_not, detail)
         return None
+
+
+def _first_admitted(matches: Sequence[_Match]) -> _Match | None:
+    """The match the kubelet is admitting: the only one, the one in progress, or the first in
+    the kubelet's order; None when the order cannot tell."""
+    if len(matches) == 1:
+        return matches[0]
+    started = [m for m in matches if m.started]
+    if len(started) == 1:
+        return started[0]
+    ranked = sorted(started or matches, key=lambda m: m.order)
+    if ranked[0].order == ranked[1].order:
+        return None
+    return ranked[0]
 
 
 def _directed_match(

@@ -66,6 +66,15 @@ def from_placements(node: str, placements: Sequence[tuple[str, Mapping[str, Sequ
     )
 
 
+def placement(d: Directions) -> dict[str, tuple[str, ...]]:
+    """The pod's whole placement (`scoring.Placement`): every container's GPUs per resource."""
+    out: dict[str, list[str]] = {}
+    for c in d.containers:
+        for resource, keys in c.gpus.items():
+            out.setdefault(resource, []).extend(keys)
+    return {r: tuple(sorted(k)) for r, k in out.items()}
+
+
 def encode(d: Directions) -> str:
     doc = {
         "v": VERSION,

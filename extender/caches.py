@@ -38,12 +38,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 import orjson
 
-from common import fragmentation, podrequests, scoring, statebuilding
-from common.errors import RequestError, StateSchemaError
+from common import directions, fragmentation, podrequests, scoring, statebuilding
+from common.errors import DirectionsError, RequestError, StateSchemaError
 from common.podrequests import PodRequest
 from common.policies import NodePolicy, Policy
 from common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
@@ -122,6 +123,21 @@ class Released:
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def directed_placement(obj: Any, node: str) -> Placement | None:
+    """The placement a bound pod's `sharepack.io/gpus` annotation names for `node`: what its
+    agent allocates, whichever extender replica wrote it. None without usable directions."""
+    raw = _meta(obj).get("annotations")
+    text = raw.get(directions.ANNOTATION) if isinstance(raw, Mapping) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        d = directions.decode(text, where=f"pod {_meta(obj).get('namespace')}/{_meta(obj).get('name')}")
+    except DirectionsError as e:
+        log.debug("%s", e)
+        return None
+    return MappingProxyType(directions.placement(d)) if d.node == node else None
 
 
 class ClusterView:
@@ -456,7 +472,7 @@ class ClusterView:
             self._settled.add(pod.uid)  # already counted by its agent
             self._changed()
             return
-        self.assume(pod.uid, pod.node_name, request)
+        self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name))
 
     def delete_pod(self, obj: Any) -> None:
         if not isinstance(obj, Mapping):
@@ -520,8 +536,12 @@ class ClusterView:
 
     # -- assumptions -----------------------------------------------------------------------
 
-    def assume(self, uid: str, node: str, request: PodRequest) -> NodeScore | None:
-        """Count `request` on `node` with its predicted placement until the agent reports it."""
+    def assume(
+        self, uid: str, node: str, request: PodRequest, directed: Placement | None = None
+    ) -> NodeScore | None:
+        """Count `request` on `node` with its predicted placement until the agent reports it;
+        `directed`: the placement the pod's directions name (another replica's prediction, which
+        the agent follows), used instead of ours."""
         request = self.relevant(request)
         if uid in self.assumed or uid in self._settled or request.empty:
             return None
@@ -533,6 +553,8 @@ class ClusterView:
         scorer = self.fresh_scorer(node)  # a stale node is unknown: no prediction either
         predicted = scorer.score(request) if scorer is not None else None
         placement = predicted.placement if predicted is not None and predicted.feasible else {}
+        if directed:
+            placement = directed
         self.assumed[uid] = Assumed(uid, node, placement, self.clock() + self.assume_ttl)
         self._assumed_on.setdefault(node, set()).add(uid)
         self._rebuild(node)
@@ -550,14 +572,13 @@ class ClusterView:
         split = scoring.container_placements(scorer.state, request)
         predicted = self.assume(uid, node, request)
         if not split or predicted is None or not predicted.feasible:
+            log.info("pod %s: not directing its GPUs on node %s: %s", uid, node,
+                     predicted.reason if predicted is not None else "not predicted")  # fmt: skip
             return ()
-        joined: dict[str, list[str]] = {}
-        for _, gpus in split:
-            for r, keys in gpus.items():
-                joined.setdefault(r, []).extend(keys)
+        joined = directions.placement(directions.from_placements(node, split))
         # The split comes from the same loop as the prediction; renaming alike nodes' shared
         # scores must not change it. If it ever did, directing would break the prediction.
-        if scoring.placement_gpus(predicted.placement) != {r: frozenset(k) for r, k in joined.items()}:
+        if scoring.placement_gpus(predicted.placement) != scoring.placement_gpus(joined):
             log.warning("pod %s on node %s: per-container placement %s disagrees with the "
                         "prediction %s; not directing its GPUs", uid, node, split, predicted.placement)  # fmt: skip
             return ()

@@ -17,7 +17,9 @@ import asyncio
 import logging
 from typing import Any
 
-from common import directions
+from common import directions, podrequests
+from common.errors import RequestError
+from common.podrequests import PodRequest
 from extender.binding import Binder, BindError
 from extender.caches import ClusterView
 from extender.protocol import BindingArgs
@@ -44,6 +46,8 @@ class DirectingBinder:
 
     async def bind(self, args: BindingArgs) -> None:
         request = self._view.recalled(args.pod_uid) if args.pod_uid else None
+        if request is None and args.pod_uid:
+            request = await self._read_request(args)
         split = self._view.direct(args.pod_uid, args.node, request) if request is not None else ()
         if split:
             await self._annotate(args, directions.encode(directions.from_placements(args.node, split)))
@@ -53,6 +57,17 @@ class DirectingBinder:
             if split:
                 self._view.unassume(args.pod_uid, args.node)  # not bound there: stop counting it
             raise
+
+    async def _read_request(self, args: BindingArgs) -> PodRequest | None:
+        """A pod this replica did not filter or prioritize (another replica behind the same
+        Service did): read it, so it is directed all the same."""
+        try:
+            doc = await self._inner.get_pod(args.pod_namespace, args.pod_name)
+            return podrequests.decode_pod_request(doc, self._view.managed)
+        except (BindError, RequestError) as e:
+            log.warning("pod %s/%s: cannot read it to direct its GPUs (%s); binding it anyway",
+                        args.pod_namespace, args.pod_name, e)  # fmt: skip
+            return None
 
     async def _annotate(self, args: BindingArgs, value: str) -> None:
         body = {"metadata": {"annotations": {directions.ANNOTATION: value}}}

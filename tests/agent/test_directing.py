@@ -37,8 +37,12 @@ def annotation(node: str, *containers: tuple[str, list[str]]) -> str:
 
 
 def pod(name: str, *amounts: tuple[str, int], ann: str | None = None, phase: str = "Pending",
-        init: tuple[tuple[str, int], ...] = ()) -> dict[str, Any]:  # fmt: skip
+        init: tuple[tuple[str, int], ...] = (), created: str = "", rv: str = "") -> dict[str, Any]:  # fmt: skip
     meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": f"uid-{name}"}
+    if created:
+        meta["creationTimestamp"] = created
+    if rv:
+        meta["resourceVersion"] = rv
     if ann is not None:
         meta["annotations"] = {directions.ANNOTATION: ann}
 
@@ -127,6 +131,25 @@ async def test_an_answered_pod_leaves_the_way_for_the_next_one() -> None:
     pods.append(pod("p2", ("main", 1), ann=annotation(NODE, ("main", [G1]))))  # p1 still Pending
     assert await d.choose(resource(), ALL, [], 1) == [f"{G1}::0"]
     assert d.counters.honoured == 2
+
+
+async def test_of_several_pending_pods_the_one_the_kubelet_admits_first_is_directed() -> None:
+    """A burst bound three one-replica pods to the node: the kubelet admits them oldest first
+    (creation time, then the bind's resourceVersion), and finishes a started pod first."""
+    t0, t1 = "2026-12-01T10:00:00Z", "2026-12-01T10:00:01Z"
+    pods = [
+        pod("late", ("main", 1), ann=annotation(NODE, ("main", [G1])), created=t1, rv="7"),
+        pod("second", ("main", 1), ann=annotation(NODE, ("main", [G0])), created=t0, rv="9"),
+        pod("first", ("main", 1), ann=annotation(NODE, ("init", [G0]), ("main", [G1])), created=t0, rv="8",
+            init=(("init", 1),)),
+    ]  # fmt: skip
+    d = director(pods)
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G0}::0"]  # first's init container
+    # first is in progress: its app container goes before second, whatever their order.
+    assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G1}::0"]
+    assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G0}::1"]  # second
+    assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G1}::0"]  # late
+    assert d.counters.honoured == 4
 
 
 async def test_it_waits_for_the_pod_watch_to_catch_up_with_the_kubelet() -> None:

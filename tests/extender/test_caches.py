@@ -248,3 +248,25 @@ def test_a_pod_missing_from_a_relist_is_released() -> None:
     view.upsert_state(state_obj("node-a", [(4, 2, ("old", "p1")), (4, 0, ())], rv="2"))
     view.replace_pods([])
     assert allocated(view, "node-a") == [1, 0]
+
+
+# --- directed GPUs --------------------------------------------------------------------------------
+
+
+def test_a_pod_bound_by_another_replica_counts_where_its_directions_say() -> None:
+    """Two extender replicas: the other one bound the pod and wrote its GPUs; the agent follows
+    them, so this replica counts the pod there, not where it would have predicted it."""
+    from common import directions
+
+    view = make()
+    obj = pod_obj("p1", "node-a")
+    d = directions.Directions("node-a", (directions.ContainerDirections("c", {SHARED: ("GPU-1",)}),))
+    obj["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(d)}
+    view.upsert_pod(obj)
+    assert view.assumed["p1"].placement == {SHARED: ("GPU-1",)}  # packed would predict GPU-0
+    assert allocated(view, "node-a") == [1, 1]
+    # Directions for another node (a stale annotation) are ignored.
+    other = pod_obj("p2", "node-a")
+    other["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(directions.Directions("node-b", d.containers))}
+    view.upsert_pod(other)
+    assert view.assumed["p2"].placement == {SHARED: ("GPU-0",)}

@@ -94,6 +94,21 @@ async def test_a_failed_bind_stops_counting_the_directed_pod(server: FakeApiServ
         await svc.stop()
 
 
+async def test_a_pod_this_replica_never_scored_is_read_and_directed(server: FakeApiServer, tmp_short: Path) -> None:
+    """Behind one Service, /bind may reach a replica that saw neither filter nor prioritize."""
+    svc = await started(server, tmp_short)
+    try:
+        uid = create_pod(server, "elsewhere", 1)
+        code, reply = await call(svc, "POST", "/bind",
+                                 {"PodName": "elsewhere", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"})  # fmt: skip
+        assert (code, reply) == (200, {"Error": ""})
+        pod = server.store.get(kinds.PODS, "default", "elsewhere")
+        d = directions.decode(pod["metadata"]["annotations"][directions.ANNOTATION], where="test")
+        assert directions.placement(d) == {SHARED: ("GPU-0",)} == svc.view.assumed[uid].placement
+    finally:
+        await svc.stop()
+
+
 def test_the_flag_is_on_by_default() -> None:
     assert parse_args([]).directed_gpus is True
     assert parse_args(["--no-directed-gpus"]).directed_gpus is False
