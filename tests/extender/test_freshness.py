@@ -281,7 +281,7 @@ async def server() -> AsyncIterator[FakeApiServer]:
 async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again(server: FakeApiServer) -> None:
     """Two nodes whose clocks are 10 minutes off (one behind, one ahead); only one agent keeps
     beating. The silent one goes stale after the max age; the beating one never does."""
-    max_age = 1.0
+    max_age = 2.0
     now = datetime.now(UTC).timestamp()
     publish(server, "node-dead", rfc3339(now - 600), FULL)
     publish(server, "node-live", rfc3339(now + 600), FULL)
@@ -292,13 +292,15 @@ async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again
         svc = Service(opts, api=api)
         await svc.start()
         beats = 0
+        beating_nodes = {"node-live": 600.0}  # node -> its clock's offset from ours
 
         async def beat_live() -> None:
             nonlocal beats
             while True:
-                await asyncio.sleep(max_age / 5)
+                await asyncio.sleep(max_age / 10)
                 beats += 1
-                publish(server, "node-live", rfc3339(now + 600 + beats), FULL)
+                for node, skew in list(beating_nodes.items()):
+                    publish(server, node, rfc3339(now + skew + beats), FULL)
 
         beating = asyncio.create_task(beat_live())
         try:
@@ -328,8 +330,8 @@ async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again
                 assert reply["NodeNames"] == ["node-dead"] and list(reply["FailedNodes"]) == ["node-live"]
                 async with http.get(f"{base}/metrics") as resp:
                     assert parse_text(await resp.text())["sharepack_extender_stale_nodes"] == 1
-                # The agent comes back and writes (still with its slow clock): judged again.
-                publish(server, "node-dead", rfc3339(now - 590), FULL)
+                # The agent comes back and beats (still with its slow clock): judged again.
+                beating_nodes["node-dead"] = -590.0
                 await until(lambda: "node-dead" not in svc.view.stale)
                 reply = await filter_reply()
                 assert reply["NodeNames"] == [] and set(reply["FailedNodes"]) == {"node-dead", "node-live"}
