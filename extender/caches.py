@@ -5,7 +5,9 @@
   pod watch) but not yet counted by the node's agent. An assumed pod counts with its predicted
   placement until the node's published pod UIDs include it or `assume_ttl` passes; when the
   agent reports it, predicted and reported physical GPUs are compared
-  (`sharepack_extender_predictions_total`). Symmetrically, a pod that is deleted or reaches
+  (`sharepack_extender_predictions_total`). A pod whose `sharepack.io/gpus` annotation directs
+  it on its node (written at bind, maybe by another replica: `extender.directing`) counts with
+  those GPUs instead of our prediction: its agent allocates there. Symmetrically, a pod that is deleted or reaches
   Succeeded/Failed while its node's published state still lists it is *released*: its devices
   count as free at once (the kubelet frees them about when the DELETED event arrives, before
   the agent republishes), until the published state drops it or `assume_ttl` passes. Per node
