@@ -36,6 +36,7 @@ to the node's policy, which is what the agent did before directions existed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 PENDING_PHASES = frozenset({"", "Pending"})
 DEFAULT_WAIT_S = 2.0  # a loaded node's pod watch can trail the kubelet by a second
 POLL_S = 0.02
+HOLDERS_KEPT = 4096
 
 
 class Fallback(StrEnum):
@@ -102,6 +104,8 @@ class Director:
         self._pods: PodSource | None = None
         self._listed: ListedSource = frozenset
         self._answered: dict[str, set[tuple[str, str]]] = {}  # pod UID -> (container, resource)
+        # device ID -> UID of the pod it was directed to, newest last (for the publisher).
+        self._holders: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     def feed(self, pods: PodSource, listed: ListedSource) -> None:
         """Where the pods bound to this node (raw API objects) and the pods PodResources lists
@@ -142,9 +146,20 @@ class Director:
             self._fall_back(Fallback.UNAVAILABLE, f"{where}: {chosen}")
             return None
         self.counters.honoured += 1
+        for device in chosen:
+            self._holders[device] = m.uid
+            self._holders.move_to_end(device)
+        while len(self._holders) > HOLDERS_KEPT:
+            self._holders.popitem(last=False)
         log.info("directed allocation honoured: %s on %s", where, ", ".join(m.keys),
                  extra={"pod": m.pod, "container": m.container, "resource": resource.name})  # fmt: skip
         return chosen
+
+    def holders(self) -> dict[str, str]:
+        """Device ID -> UID of the pod the device was last directed to. The publisher names
+        that pod on a just-allocated device before PodResources lists it, so the extender does
+        not count the pod twice (once assumed, once as an anonymous allocation)."""
+        return dict(self._holders)
 
     def _fall_back(self, reason: Fallback, why: str) -> None:
         self.counters.fallback(reason)

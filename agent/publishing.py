@@ -168,6 +168,7 @@ class Publisher:
         self._pod_resources = pod_resources
         self._clock = clock
         self.pods = PodIndex(api, node_name, self._mark_dirty_and_poll)
+        self.director: Director | None = None  # directed GPUs: names the pods of fresh allocations
         self._dirty = asyncio.Event()
         self._kick = asyncio.Event()
         self._listed = asyncio.Event()
@@ -218,6 +219,7 @@ class Publisher:
             agent_version=self.settings.agent_version,
             observed_at=now_rfc3339(),
             recently_allocated=recent,
+            recent_holders=self.director.holders() if self.director is not None and recent else None,
         )
 
     def _unhealthy(self, snap: Snapshot) -> Collection[str]:
@@ -486,6 +488,7 @@ async def run_publication(
         publisher = Publisher(agent, api, node_name, pod_resources, settings)
         if director is not None:
             director.feed(publisher.pod_objects, publisher.listed_pods)
+            publisher.director = director
         tasks = Supervisor(f"publication {node_name}")
         tasks.spawn("publication:publisher", publisher.run())
         watcher = None

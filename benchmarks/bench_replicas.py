@@ -50,6 +50,7 @@ from tests.scenario.harness import (  # noqa: E402
 )
 
 SIZES = (1, 2, 1, 4, 1, 2, 1, 1, 2, 4, 1, 2, 1, 1, 2, 1)  # 27 of the 32 replicas
+CAPACITY = 4 * REPLICAS  # replicas per node (4 T4)
 VERBS = ("filter", "prioritize", "bind")
 PREDICTIONS = "sharepack_extender_predictions_total"
 
@@ -146,13 +147,19 @@ async def one_round(seed: int, overlap: bool) -> Round:
                     bound_by[meta["uid"]] = url
                     admit.put_nowait(node)
 
+                # kube-scheduler's own resource fit, on its cache (assumed at the end of each
+                # scheduling cycle): nodes without room are never sent to the extender.
+                used = {x.name: 0 for x in box.nodes}
                 for i, doc in enumerate(docs):
-                    _, reply = await call("filter", i, {"Pod": doc, "NodeNames": [x.name for x in box.nodes]})
+                    n = SIZES[i]
+                    fits = [x for x, u in used.items() if u + n <= CAPACITY]
+                    _, reply = await call("filter", i, {"Pod": doc, "NodeNames": fits})
                     nodes = reply["NodeNames"]
                     _, reply = await call("prioritize", i, {"Pod": doc, "NodeNames": nodes})
                     scores = {p["Host"]: p["Score"] for p in reply}
                     best = max(scores.values())
                     choice = rng.choice(sorted(h for h, s in scores.items() if s == best))
+                    used[choice] += n
                     if binding is not None:
                         await binding
                     # kube-scheduler binds in a goroutine and starts the next scheduling cycle.

@@ -188,3 +188,26 @@ def test_a_bad_directed_gpus_value_names_where_it_came_from() -> None:
     with pytest.raises(OptionsError) as info:
         options.parse([], {"SHAREPACK_DIRECTED_GPUS": "sometimes"})
     assert "invalid --directed-gpus option: sometimes (from env SHAREPACK_DIRECTED_GPUS; want true or false)" in str(info.value)
+
+
+async def test_a_directed_allocation_is_published_under_its_pods_uid_before_podresources_lists_it() -> None:
+    """The publisher counts devices it just allocated before PodResources names their pod; with
+    directions it knows the pod, so the extender settles its assumption instead of counting the
+    pod twice (once assumed, once as an anonymous allocation)."""
+    from common.policies import MigStrategy, Policy
+    from common.statebuilding import build_node_state
+
+    d = director([pod("p", ("main", 2), ann=annotation(NODE, ("main", [G1, G1])))])
+    chosen = await d.choose(resource(), ALL, [], 2)
+    assert chosen is not None and d.holders() == dict.fromkeys(chosen, "uid-p")
+
+    def state(holders: dict[str, str] | None) -> list[tuple[int, tuple[str, ...]]]:
+        built = build_node_state(
+            resources=[resource()], unhealthy=(), pods=(), pod_uids={},
+            allocation_policy=Policy.PACKED, mig_strategy=MigStrategy.NONE, agent_version="t",
+            observed_at="2026-12-01T00:00:00Z", recently_allocated={RES: chosen}, recent_holders=holders,
+        )  # fmt: skip
+        return [(g.allocated, g.pods) for g in built.resources[0].gpus]
+
+    assert state(None) == [(0, ()), (2, ())]  # counted, no one named
+    assert state(d.holders()) == [(0, ()), (2, ("uid-p",))]
