@@ -332,7 +332,7 @@ async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again
                     assert parse_text(await resp.text())["sharepack_extender_stale_nodes"] == 1
                 # The agent comes back and beats (still with its slow clock): judged again.
                 beating_nodes["node-dead"] = -590.0
-                await until(lambda: "node-dead" not in svc.view.stale)
+                await until(lambda: svc.view.fresh_scorer("node-dead") is not None)
                 reply = await filter_reply()
                 assert reply["NodeNames"] == [] and set(reply["FailedNodes"]) == {"node-dead", "node-live"}
                 assert beats >= 3 and svc.view.fresh_scorer("node-live") is not None
