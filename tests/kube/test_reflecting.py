@@ -168,8 +168,10 @@ async def test_on_list_gets_the_whole_cache_and_on_event_each_change(
     try:
         _pod(server, "watched")
         server.store.delete(kinds.PODS, "default", "listed")
-        await _until(lambda: len(seen) >= 3)
-        assert seen == [("LIST", "listed"), ("ADDED", "watched"), ("DELETED", "listed")]
+        # A pod's deletion is written first (deletionTimestamp set), then removed, as the real
+        # API server does: a MODIFIED before the DELETED.
+        await _until(lambda: ("DELETED", "listed") in seen)
+        assert seen == [("LIST", "listed"), ("ADDED", "watched"), ("MODIFIED", "listed"), ("DELETED", "listed")]
     finally:
         await _stop(task)
 
