@@ -7,7 +7,9 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sandbox.apiserver import FakeApiServer
 from sandbox.apiserver_resources import NODE_GPU_STATES, NODES
@@ -154,3 +156,63 @@ async def test_cli_without_a_driver_honours_fail_on_init_error() -> None:
                 idle.kill()
                 await idle.wait()
         assert kubelet.registrations == ()
+
+
+async def test_the_state_flags_reach_the_publisher() -> None:
+    # --state-heartbeat-seconds (a flag) rewrites an unchanged state; the min write interval
+    # (its environment variable) spaces every write. At the defaults (60 s, 0.5 s) neither shows:
+    # no rewrite within the test, and a second pod's write follows the first by well under 1.2 s.
+    heartbeat_s, min_interval_s = 1.5, 1.2
+    async with fake_kubelet() as kubelet, FakeApiServer() as api:
+        api.store.create(NODES, "", {"metadata": {"name": "node-0"}})
+        kubeconfig = api.write_kubeconfig(kubelet.root / "kubeconfig")
+        env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        env["SHAREPACK_STATE_MIN_WRITE_INTERVAL_SECONDS"] = str(min_interval_s)
+        log_file = kubelet.root / "agent.log"
+        with log_file.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent",
+                "--simulated-machine", "t4-pcie",
+                "--kubelet-socket", str(kubelet.socket_path),
+                "--pod-resources-socket", str(kubelet.pod_resources_socket),
+                "--kubeconfig", str(kubeconfig), "--node-name", "node-0",
+                "--state-heartbeat-seconds", str(heartbeat_s),
+                stderr=log, env=env, cwd=REPO,
+            )  # fmt: skip
+        try:
+            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=30)
+            first = await _stored_status(api, lambda s: bool(s.get("resources")))
+            # Nothing changes, yet the object is rewritten with a later observedAt.
+            beat = await _stored_status(api, lambda s: s["observedAt"] > first["observedAt"])
+            assert _counts(beat) == _counts(first)
+            for i in range(2):  # each pod's write waits for the interval after the write before
+                await kubelet.admit_pod(pod(f"p{i}", "nvidia.com/gpu"))
+                await _stored_status(api, lambda s, i=i: sum(_counts(s)) == i + 1)
+            times = [r.at for r in api.writes("nodegpustates") if r.path.endswith("/status")]
+            gaps = [b - a for a, b in zip(times, times[1:])]
+            assert len(times) >= 3 and min(gaps) >= min_interval_s, gaps
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            if proc.returncode != 0:
+                print(log_file.read_text())
+
+
+async def _stored_status(api: FakeApiServer, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The node-0 NodeGpuState status once `predicate` holds; another process writes it, so poll."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                status = api.store.get(NODE_GPU_STATES, "", "node-0").get("status")
+            except ApiError:  # not created yet
+                status = None
+            if status and predicate(status):
+                return dict(status)
+            await asyncio.sleep(0.02)
+
+
+def _counts(status: dict[str, Any]) -> list[int]:
+    return [g["allocated"] for r in status["resources"] for g in r["gpus"]]
