@@ -90,7 +90,7 @@ async def service(server: FakeApiServer, tmp_short: Path) -> AsyncIterator[Servi
         api.close()
 
 
-async def until(svc: Service, cond: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(svc: Service, cond: Callable[[], bool], timeout: float = 30.0) -> None:
     """Wait for a cache change that makes `cond` true (woken by the view, not by polling)."""
     changed = asyncio.Event()
     svc.view.on_change = changed.set
@@ -120,7 +120,7 @@ def allocated(svc: Service, node: str) -> list[int]:
 
 async def synced(svc: Service) -> None:
     for informer in svc.informers:
-        await asyncio.wait_for(informer.synced.wait(), 5)
+        await asyncio.wait_for(informer.synced.wait(), 30)
 
 
 async def test_the_caches_list_and_become_ready(service: Service) -> None:

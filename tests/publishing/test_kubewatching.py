@@ -41,7 +41,7 @@ class Follow:
     def names(self) -> set[str]:
         return {name for _, name in self.reflector.cache}
 
-    async def until(self, predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    async def until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         async with asyncio.timeout(timeout):
             while not predicate():
                 self.changed.clear()
