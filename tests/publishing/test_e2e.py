@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -79,7 +80,10 @@ async def test_no_write_happens_when_nothing_changed() -> None:
 
 
 @pytest.mark.parametrize("mode", ["refuse", "unavailable"], ids=["nothing listening", "answering 503"])
-async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up(mode: str) -> None:
+async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agent.publishing")
     async with node(config(time_slicing(4)), gpus(2)) as n:
         await n.wait_state(lambda s: True)
         # pods exist in the API before the outage; the kubelet starts them during it
@@ -88,7 +92,10 @@ async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up(m
         for i in range(3):
             uids.append(await n.start_pod(f"p{i}"))  # the fake store still accepts direct writes
         assert len(n.kubelet.admissions()) == 3, "the device plugin kept allocating"
-        await asyncio.sleep(0.5)  # the outage lasts a while: the agent retries in the background
+        # The outage outlasts a retry: the publisher failed to write twice, and goes on trying.
+        async with asyncio.timeout(30):
+            while sum("cannot publish NodeGpuState" in r.getMessage() for r in caplog.records) < 2:
+                await asyncio.sleep(0.01)
         assert n.published() is not None and not pods_of(n.published())  # type: ignore[arg-type]
         await n.server.resume()
         state = await n.wait_state(lambda s: pods_of(s) == set(uids))
