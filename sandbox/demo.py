@@ -18,7 +18,6 @@ import contextlib
 import logging
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -34,7 +33,10 @@ import yaml
 from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
+from sandbox import controlplane, kubebuild
 from sandbox.apiserver import FakeApiServer
+from sandbox.controlplane import ControlPlaneUnavailable, RealControlPlane, free_port
+from sandbox.identities import Identities
 from sandbox.nodes import NodeSpec, NodeStartError, SimulatedNode
 from sandbox.processes import LoggedProcess
 from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
@@ -45,6 +47,9 @@ DEFAULT_MACHINE = "t4-pcie"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
 NAMESPACE = "default"
 PUBLISH_TIMEOUT_S = 10.0
+IN_PROCESS, REAL = "in-process", "real"
+CONTROL_PLANES = (IN_PROCESS, REAL)
+SCHEDULE_TIMEOUT_S = 30.0
 FULL = "\u2588"
 FREE = "\u2591"
 
@@ -121,12 +126,6 @@ def agent_config(replicas: int) -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def bar(allocated: int, total: int) -> str:
     return FULL * allocated + FREE * (total - allocated) + f" {allocated}/{total}"
 
@@ -140,19 +139,39 @@ def render_states(states: Sequence[gpustate.NodeState], names: Sequence[str], ou
 
 
 class Sandbox:
-    """One policy's stack: API server, nodes, extender, scheduler driver."""
+    """One policy's stack: control plane, nodes, extender, scheduler.
 
-    def __init__(self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path) -> None:
+    `control_plane`: "in-process" (the sandbox API server and the scheduler driver, no Go
+    needed) or "real" (etcd, kube-apiserver and kube-scheduler built from their Go modules,
+    deploy/base applied, every process with the identity it has in a cluster)."""
+
+    def __init__(
+        self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path,
+        *, control_plane: str = IN_PROCESS,
+    ) -> None:  # fmt: skip
+        if control_plane not in CONTROL_PLANES:
+            raise DemoError(f"invalid control plane: {control_plane} (choose from {', '.join(CONTROL_PLANES)})")
         self.policy = policy
         self.workload = workload
         self.root = root
+        self.control_plane = control_plane
         self.api_server = FakeApiServer()
+        self.real: RealControlPlane | None = None
         self.kubeconfig = root / "kubeconfig"
         self.node_specs = [NodeSpec(f"node-{i}", machine, root / "agent-config.yaml") for i in range(nodes)]
         self.nodes: list[SimulatedNode] = []
         self.extender: LoggedProcess | None = None
         self.extender_url = ""
         self._stack = contextlib.AsyncExitStack()
+
+    @property
+    def url(self) -> str:
+        return self.real.url if self.real is not None else self.api_server.url
+
+    @property
+    def kubectl(self) -> str:
+        """The kubectl to point a user at: the one built with the real control plane, if any."""
+        return str(self.real.binaries.path("kubectl")) if self.real is not None else "kubectl"
 
     async def __aenter__(self) -> Sandbox:
         try:
@@ -165,16 +184,36 @@ class Sandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
-    async def _start(self) -> None:
-        await self.api_server.start()
-        self._stack.push_async_callback(self.api_server.stop)
-        self.api_server.write_kubeconfig(self.kubeconfig)
-        (self.root / "agent-config.yaml").write_text(agent_config(self.workload.replicas))
-        conf = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(self.kubeconfig), client_configuration=conf
+    async def _start_control_plane(self) -> None:
+        if self.control_plane == REAL:
+            try:
+                self.real = RealControlPlane(self.root / "kube")
+                await self.real.start()
+            except ControlPlaneUnavailable as e:
+                raise DemoError(str(e)) from None
+            finally:
+                if self.real is not None:
+                    self._stack.push_async_callback(self.real.stop)
+            shutil.copyfile(self.real.kubeconfig, self.kubeconfig)
+            self.identities = Identities(self.real, await self.real.apply_deploy_base())
+        else:
+            await self.api_server.start()
+            self._stack.push_async_callback(self.api_server.stop)
+            self.api_server.write_kubeconfig(self.kubeconfig)
+
+    async def _node(self, spec: NodeSpec, node_root: Path) -> SimulatedNode:
+        if self.real is None:
+            return SimulatedNode(spec, node_root, self.api, self.kubeconfig, log_dir=self.root)
+        kubelet_api = controlplane.api_client(self.real.node_kubeconfig(spec.name))
+        self._stack.callback(kubelet_api.close)
+        return SimulatedNode(
+            spec, node_root, kubelet_api, await self.identities.agent_kubeconfig(spec.name), log_dir=self.root
         )
-        self.api: Any = kubernetes.client.ApiClient(conf)
+
+    async def _start(self) -> None:
+        await self._start_control_plane()
+        (self.root / "agent-config.yaml").write_text(agent_config(self.workload.replicas))
+        self.api: Any = controlplane.api_client(self.kubeconfig)
         self._stack.callback(self.api.close)
 
         for i, spec in enumerate(self.node_specs):
@@ -183,8 +222,7 @@ class Sandbox:
                 extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}",),
             )  # fmt: skip
             node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))
-            node = SimulatedNode(spec, node_root, self.api, self.kubeconfig, log_dir=self.root)
-            self.nodes.append(node)
+            self.nodes.append(await self._node(spec, node_root))
         for node in self.nodes:
             self._stack.push_async_callback(node.stop)
         try:
@@ -192,17 +230,18 @@ class Sandbox:
             # what they started) before the stack is unwound.
             async with asyncio.TaskGroup() as group:
                 for node in self.nodes:
-                    group.create_task(node.start([SHARED_RESOURCE]))
+                    group.create_task(node.start([SHARED_RESOURCE], watch_pods=self.real is not None))
         except* NodeStartError as failed:
             raise DemoError(str(failed.exceptions[0])) from None
 
         port = free_port()
         self.extender_url = f"http://127.0.0.1:{port}"
+        extender_kubeconfig = await self.identities.extender_kubeconfig() if self.real else self.kubeconfig
         self.extender = LoggedProcess(
             [
                 sys.executable, "-m", "extender",
                 f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
-                f"--kubeconfig={self.kubeconfig}", "--log-format=text",
+                f"--kubeconfig={extender_kubeconfig}", "--log-format=text",
             ],
             self.root / "extender.log",
         )  # fmt: skip
@@ -215,6 +254,11 @@ class Sandbox:
         self.driver = SchedulerDriver(
             self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
         )
+        if self.real is not None:
+            try:
+                await self.real.start_scheduler(self.extender_url)
+            except ControlPlaneUnavailable as e:
+                raise DemoError(str(e)) from None
 
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + 30
@@ -287,7 +331,10 @@ class Sandbox:
             },
         }
         pod = await asyncio.to_thread(core.create_namespaced_pod, NAMESPACE, body)
-        decision = await self.driver.schedule(NAMESPACE, name)
+        if self.real is not None:
+            decision = await self._scheduled_by_kube_scheduler(core, name)
+        else:
+            decision = await self.driver.schedule(NAMESPACE, name)
         if decision.node is None:
             return decision, ()
         node = next(n for n in self.nodes if n.name == decision.node)
@@ -299,6 +346,29 @@ class Sandbox:
         gpus = tuple(g.key for g in res.gpus if pod.metadata.uid in g.pods) if res else ()
         return decision, gpus
 
+    async def _scheduled_by_kube_scheduler(self, core: Any, name: str) -> Decision:
+        """Wait until kube-scheduler binds the pod, or marks it unschedulable."""
+        key = f"{NAMESPACE}/{name}"
+        deadline = time.monotonic() + SCHEDULE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            pod = await asyncio.to_thread(core.read_namespaced_pod, name, NAMESPACE)
+            if pod.spec.node_name:
+                return Decision(key, pod.spec.node_name)
+            for cond in (pod.status.conditions or []) if pod.status else []:
+                if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                    return Decision(key, None, cond.message or cond.reason)
+            await asyncio.sleep(0.05)
+        raise DemoError(f"kube-scheduler neither bound nor gave up on pod {key} within {SCHEDULE_TIMEOUT_S:.0f} s")
+
+    async def keep_serving(self) -> None:
+        """Until cancelled, a cluster a user can drive: pods applied with kubectl are scheduled
+        (by the scheduler driver on the in-process control plane) and admitted by the kubelets."""
+        for node in self.nodes:
+            node.watch_pods()
+        if self.real is not None:
+            await asyncio.Event().wait()
+        await self.driver.run()
+
 
 def print_results(results: Mapping[Policy, tuple[int, int]], out: TextIO) -> None:
     print("", file=out)
@@ -308,20 +378,20 @@ def print_results(results: Mapping[Policy, tuple[int, int]], out: TextIO) -> Non
 
 async def run_policy(
     policy: Policy, nodes: int, machine: str, workload: Workload | None, out: TextIO, *,
-    keep_running: bool, earlier: Mapping[Policy, tuple[int, int]] | None = None,
+    keep_running: bool, earlier: Mapping[Policy, tuple[int, int]] | None = None, control_plane: str = IN_PROCESS,
 ) -> tuple[int, int]:
     root = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
     started = time.monotonic()
     print(f"\n== {policy}: agents --shared-devices-allocation-policy={policy}, extender --node-policy={policy}", file=out)
     try:
         wl = workload or default_workload(nodes, 4, 4)
-        async with Sandbox(policy, nodes, machine, wl, root) as box:
+        async with Sandbox(policy, nodes, machine, wl, root, control_plane=control_plane) as box:
             gpus_per_node = len((await box.node_states())[0].resources[0].gpus)
             if workload is None and gpus_per_node != 4:
                 wl = default_workload(nodes, gpus_per_node, 4)
                 box.workload = wl
             print(
-                f"   up in {time.monotonic() - started:.1f} s: API server {box.api_server.url}, "
+                f"   up in {time.monotonic() - started:.1f} s: {control_plane} API server {box.url}, "
                 f"{nodes} node{'s' if nodes != 1 else ''} ({machine}, {gpus_per_node} GPUs x {wl.replicas} replicas), "
                 f"extender {box.extender_url}",
                 file=out,
@@ -353,9 +423,10 @@ async def run_policy(
                 # The results first: the run never returns to print them once the stack stays up.
                 print_results({**(earlier or {}), policy: (placed, total_whole)}, out)
                 print(f"\n   stack left running. kubeconfig: {box.kubeconfig}", file=out)
-                print(f"   try: kubectl --kubeconfig {box.kubeconfig} get nodegpustates,pods", file=out)
+                print(f"   try: {box.kubectl} --kubeconfig {box.kubeconfig} get nodes,nodegpustates,pods", file=out)
+                print("   pods you apply are scheduled through the extender and admitted by the nodes.", file=out)
                 print("   Ctrl-C to stop.", file=out)
-                await asyncio.Event().wait()
+                await box.keep_serving()
             return placed, total_whole
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -378,6 +449,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--policy", default="distributed,packed", help="comma-separated policies to run (default distributed,packed)")
     p.add_argument("--workload", type=Path, help="YAML: replicas and waves (name, count, replicas, wholeGpu)")
     p.add_argument("--keep-running", action="store_true", help="leave the (last) stack up and print a kubeconfig")
+    p.add_argument(
+        "--control-plane", choices=CONTROL_PLANES, default=IN_PROCESS,
+        help="in-process: the sandbox API server and scheduler driver (default, no Go needed); "
+        "real: kube-apiserver, etcd and kube-scheduler built from their Go modules (Go >= 1.26; "
+        "the first build takes 15-25 minutes, then it is cached)",
+    )  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="log the sandbox's own components")
     opts = p.parse_args(argv)
     if opts.nodes < 1:
@@ -408,12 +485,18 @@ async def _amain(opts: argparse.Namespace, out: TextIO) -> int:
         f"under {' and '.join(opts.policies)}",
         file=out,
     )
+    if opts.control_plane == REAL:
+        try:  # once, before the first stack: its "up in" should not count a build
+            await asyncio.to_thread(kubebuild.build)
+        except ControlPlaneUnavailable as e:
+            raise DemoError(str(e)) from None
     results: dict[Policy, tuple[int, int]] = {}
     for i, policy in enumerate(opts.policies):
         keep = opts.keep_running and i == len(opts.policies) - 1
         results[policy] = await run_policy(
-            policy, opts.nodes, opts.machine, workload, out, keep_running=keep, earlier=results
-        )
+            policy, opts.nodes, opts.machine, workload, out,
+            keep_running=keep, earlier=results, control_plane=opts.control_plane,
+        )  # fmt: skip
     print_results(results, out)
     return 0
 

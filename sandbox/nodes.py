@@ -9,7 +9,6 @@ server over HTTP with a kubeconfig.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 from collections.abc import Mapping, Sequence
@@ -20,13 +19,17 @@ from typing import Any
 import kubernetes
 
 from common import podrequests
+from sandbox import kubebuild
 from sandbox.kubelet import FakeKubelet
+from sandbox.kubelet_api import KubeletApi
+from sandbox.kubelet_pods import ContainerSpec, PodSpec
 from sandbox.processes import LoggedProcess
-from sandbox.kubelet_pods import AdmissionError, ContainerSpec, PodSpec
 
 log = logging.getLogger(__name__)
 
 AGENT_START_TIMEOUT_S = 30.0
+# What GPU feature discovery labels a GPU node with; the agent DaemonSet selects on it.
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +77,27 @@ class SimulatedNode:
         kubeconfig: Path,
         *,
         log_dir: Path | None = None,
+        kubelet_version: str = "",
     ) -> None:
+        """`api`: the kubelet's client (its node credentials on the real control plane);
+        `kubeconfig`: what the agent authenticates with."""
         self.spec = spec
         self.kubelet = FakeKubelet(root, node_name=spec.name)
-        self._api: Any = api
+        self.api = KubeletApi(
+            spec.name,
+            self.kubelet,
+            api,
+            labels={GPU_PRESENT_LABEL: "true", **(spec.labels or {})},
+            kubelet_version=kubelet_version or kubebuild.kubernetes_version(),
+            pod_spec=pod_spec_from_api,
+        )
         # The client's generated types make every field Optional; the sandbox reads them as the
         # API server fills them, so it holds the client untyped.
         self._core: Any = kubernetes.client.CoreV1Api(api)
         self._kubeconfig = kubeconfig
         self._log_path = (log_dir or root) / f"agent-{spec.name}.log"
         self._agent: LoggedProcess | None = None
-        self._admitted: set[str] = set()
+        self._loop: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -108,9 +121,10 @@ class SimulatedNode:
             args.append(f"--config-file={self.spec.config_file}")
         return args + list(self.spec.extra_agent_args)
 
-    async def start(self, resources: Sequence[str]) -> None:
-        """Register the Node, start the kubelet and the agent; return once `resources` are served."""
-        await self._ensure_node()
+    async def start(self, resources: Sequence[str], *, watch_pods: bool = True) -> None:
+        """Register the Node, start the kubelet and the agent; return once `resources` are
+        served. `watch_pods`: admit the pods bound here as they come (else only `sync_pods`)."""
+        await self.api.register()
         try:
             await self.kubelet.start()
             agent = self._agent = LoggedProcess(self.agent_args(), self._log_path)
@@ -121,11 +135,19 @@ class SimulatedNode:
                 raise NodeStartError(
                     f"node {self.name}: agent did not serve {list(resources)}: {e}\n{agent.log_tail()}"
                 ) from e
+            await self.sync_status()
+            if watch_pods:
+                self.watch_pods()
         except BaseException:
             # A caller registers stop() once start() returned: nothing else would stop these.
             await self.stop()
             raise
-        await self.sync_status()
+
+    def watch_pods(self) -> None:
+        """From now on, admit the pods bound here as they come, renew the node's lease and post
+        its status on change (once; a second call does nothing)."""
+        if self._loop is None:
+            self._loop = asyncio.create_task(self.api.run(), name=f"kubelet-api-{self.name}")
 
     async def _wait_serving(self, agent: LoggedProcess, resources: Sequence[str]) -> None:
         """Until the kubelet has every resource, failing at once when the agent exits (a bad
@@ -150,53 +172,29 @@ class SimulatedNode:
             await self.kubelet.wait_for_resource(resource, timeout=AGENT_START_TIMEOUT_S)
 
     async def stop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
         agent, self._agent = self._agent, None
         if agent is not None:
             await agent.stop()
         await self.kubelet.stop()
 
-    async def _ensure_node(self) -> None:
-        body = kubernetes.client.V1Node(
-            metadata=kubernetes.client.V1ObjectMeta(
-                name=self.name,
-                labels={"kubernetes.io/hostname": self.name, **(self.spec.labels or {})},
-            )
-        )
-        with contextlib.suppress(kubernetes.client.ApiException):
-            await asyncio.to_thread(self._core.create_node, body)
-
     async def sync_status(self) -> None:
         """Publish capacity and allocatable to the Node status, as the kubelet does."""
-        capacity = {k: str(v) for k, v in self.kubelet.capacity().items()}
-        allocatable = {k: str(v) for k, v in self.kubelet.allocatable().items()}
-        patch = {"status": {"capacity": capacity, "allocatable": allocatable}}
-        await asyncio.to_thread(self._core.patch_node_status, self.name, patch)
+        await self.api.sync_status(force=True)
 
     async def sync_pods(self) -> list[tuple[str, str]]:
-        """Admit the pods newly bound to this node; returns (pod key, error) for rejected ones."""
+        """Admit the pods bound to this node not admitted yet; returns (pod key, error) for
+        those rejected (by this call or by the pod watch before it)."""
         pods = await asyncio.to_thread(
             self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.name}"
         )
         rejected = []
         for pod in pods.items:
-            uid = pod.metadata.uid
-            # Already admitted: by this loop, or directly through the kubelet (tests do that).
-            if uid in self._admitted or any(a.pod.uid == uid for a in self.kubelet.admissions()):
-                continue
-            self._admitted.add(uid)
-            doc = self._api.sanitize_for_serialization(pod)
-            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
-            try:
-                await self.kubelet.admit_pod(pod_spec_from_api(doc))
-                status = {"phase": "Running"}
-            except AdmissionError as e:
-                rejected.append((key, str(e)))
-                status = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": str(e)}
-            await asyncio.to_thread(
-                self._core.patch_namespaced_pod_status,
-                pod.metadata.name,
-                pod.metadata.namespace,
-                {"status": status},
-            )
+            doc = self._core.api_client.sanitize_for_serialization(pod)
+            error = await self.api.admit(doc)
+            if error is not None:
+                rejected.append((f"{pod.metadata.namespace}/{pod.metadata.name}", error))
         return rejected
-

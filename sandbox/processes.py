@@ -1,17 +1,28 @@
 """Child processes of the sandbox (agents, the extender): started with their output in a log
 file, stopped as a kubelet or a Deployment would stop them (SIGTERM, then SIGKILL after a grace
-period), so a demo or a test never leaves one behind."""
+period), so a demo or a test never leaves one behind. Each child also runs under
+`setpriv --pdeathsig KILL` (util-linux): when the owner dies without stopping it (SIGKILL, a
+crash), the kernel kills the child too."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import shutil
 import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 GRACE_S = 10.0
+SETPRIV = shutil.which("setpriv")
+
+
+def orphan_proof(args: Sequence[str]) -> list[str]:
+    """`args` run so that the child gets SIGKILL when the process that started it dies. The
+    signal follows the thread that forked: asyncio forks on the event loop's thread."""
+    return [SETPRIV, "--pdeathsig", "KILL", "--", *args] if SETPRIV else list(args)
 
 
 class LoggedProcess:
@@ -22,10 +33,13 @@ class LoggedProcess:
         self._log: IO[bytes] | None = None
 
     async def start(self) -> None:
+        # Under setpriv a missing program is setpriv's exit code 127; say it as exec would.
+        if shutil.which(self.args[0]) is None:
+            raise FileNotFoundError(errno.ENOENT, "no such program", self.args[0])
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.args,
+                *orphan_proof(self.args),
                 stdout=self._log,
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,

@@ -22,6 +22,8 @@ request GPUs only, for which they are all equal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -37,6 +39,11 @@ log = logging.getLogger(__name__)
 
 MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
+RESCHEDULE_S = 1.0
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +172,54 @@ class SchedulerDriver:
         choice = self._rng.choice(sorted(n for n, s in scores.items() if s == best))
         await self._bind(ext, pod, choice)
         return Decision(key, choice, "", tuple(feasible), scores)
+
+    async def run(self, *, scheduler_name: str = "default-scheduler", period: float = RESCHEDULE_S) -> None:
+        """Until cancelled, schedule every pending pod of `scheduler_name`, as kube-scheduler's
+        loop does: unschedulable pods are retried each `period`, and each outcome is recorded as
+        kube-scheduler records it (the PodScheduled condition and a Scheduled or
+        FailedScheduling event)."""
+        while True:
+            pending = await asyncio.to_thread(self._core.list_pod_for_all_namespaces, field_selector="spec.nodeName=")
+            for pod in pending.items:
+                meta = pod.metadata
+                if meta.deletion_timestamp or pod.spec.scheduler_name not in (None, scheduler_name):
+                    continue
+                if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+                    continue
+                try:
+                    decision = await self.schedule(meta.namespace, meta.name)
+                except (kubernetes.client.ApiException, SchedulingError) as e:
+                    log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e)
+                    continue
+                await self._record(pod, decision)
+            await asyncio.sleep(period)
+
+    async def _record(self, pod: Any, decision: Decision) -> None:
+        meta = pod.metadata
+        if decision.node is None:
+            condition = {
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": decision.reason, "lastProbeTime": None, "lastTransitionTime": _now(),
+            }  # fmt: skip
+            with contextlib.suppress(kubernetes.client.ApiException):
+                await asyncio.to_thread(
+                    self._core.patch_namespaced_pod_status, meta.name, meta.namespace,
+                    {"status": {"conditions": [condition]}},
+                )  # fmt: skip
+        reason, kind, note = (
+            ("Scheduled", "Normal", f"Successfully assigned {decision.pod} to {decision.node}")
+            if decision.node is not None
+            else ("FailedScheduling", "Warning", decision.reason)
+        )
+        event = {
+            "metadata": {"generateName": f"{meta.name}.", "namespace": meta.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
+            "reason": reason, "type": kind, "message": note,
+            "source": {"component": "default-scheduler"}, "reportingComponent": "default-scheduler",
+            "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1,
+        }  # fmt: skip
+        with contextlib.suppress(kubernetes.client.ApiException):  # a server without events
+            await asyncio.to_thread(self._core.create_namespaced_event, meta.namespace, event)
 
     async def _bind(self, ext: ExtenderConfig | None, pod: Any, node: str) -> None:
         meta = pod.metadata

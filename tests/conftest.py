@@ -4,11 +4,17 @@ budget (pytest-timeout), and an asyncio test that leaves a task running fails.""
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from sandbox import kubebuild
+    from sandbox.controlplane import RealControlPlane
 
 TESTS = Path(__file__).resolve().parent
 
@@ -38,3 +44,40 @@ def tmp_short() -> Iterator[Path]:
     own tmp_path (deep under /tmp/pytest-of-...) can exceed."""
     with tempfile.TemporaryDirectory(dir="/tmp") as d:
         yield Path(d)
+
+
+# --- the real control plane -----------------------------------------------------------------
+
+REQUIRE_REAL = "SHAREPACK_REQUIRE_REAL"  # set by .ci/run: a missing control plane fails, never skips
+
+
+def real_binaries() -> "kubebuild.Binaries":
+    """The built control plane, or a skip (a failure where REQUIRE_REAL is set) that says why.
+    Tests never build: scripts/test builds before pytest runs, outside any test's time budget."""
+    from sandbox import kubebuild
+
+    found = kubebuild.cached()
+    if found is not None:
+        return found
+    why = (
+        "the real control plane is not built: run `python -m sandbox.kubebuild` (needs Go >= 1.26; "
+        "scripts/test does it when Go is present)"
+    )
+    if os.environ.get(REQUIRE_REAL):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def real_control_plane() -> Iterator["RealControlPlane"]:
+    """One kube-apiserver + etcd for the session, with deploy/base applied. Tests that share it
+    name their objects so they cannot collide."""
+    from sandbox.controlplane import BackgroundControlPlane
+
+    background = BackgroundControlPlane(binaries=real_binaries())
+    control = background.start()
+    try:
+        background.run(control.apply_deploy_base())
+        yield control
+    finally:
+        background.close()

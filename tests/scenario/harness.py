@@ -300,19 +300,36 @@ class StreamResult:
     missed: tuple[str, ...]  # the extender's "prediction missed" log lines
     while_up: Residue  # what the sandbox had running (proves the detectors see something)
     after: Residue  # what it left once stopped: nothing, or a bug
+    control_plane: str = demo.IN_PROCESS
+    scheduled_by: Mapping[str, str] | None = None  # pod name -> who its Scheduled event names
 
     def wave(self, name: str) -> list[PodOutcome]:
         return [o for o in self.outcomes if o.wave == name]
 
 
-async def run_stream(policy: Policy, nodes: int, waves: Sequence[Wave]) -> StreamResult:
+async def scheduled_events(box: Sandbox) -> dict[str, str]:
+    """Pod name -> the reporting controller of its `Scheduled` event (events.k8s.io/v1, as
+    kube-scheduler records them)."""
+    events: Any = kubernetes.client.EventsV1Api(box.api)
+    listed = await asyncio.to_thread(events.list_namespaced_event, demo.NAMESPACE)
+    return {
+        e.regarding.name: e.reporting_controller
+        for e in listed.items
+        if e.reason == "Scheduled" and e.regarding is not None and e.regarding.kind == "Pod"
+    }
+
+
+async def run_stream(
+    policy: Policy, nodes: int, waves: Sequence[Wave], *, control_plane: str = demo.IN_PROCESS
+) -> StreamResult:
     """A fresh sandbox with `policy` on every agent and on the extender; the waves, one pod at
     a time, each pod published before the next is scheduled (a serial stream)."""
     started = time.monotonic()
     root = short_root("spsc-")
     before = children(os.getpid())
     try:
-        async with Sandbox(policy, nodes, MACHINE, Workload(REPLICAS, tuple(waves)), root) as box:
+        workload = Workload(REPLICAS, tuple(waves))
+        async with Sandbox(policy, nodes, MACHINE, workload, root, control_plane=control_plane) as box:
             await wait_stack_ready(box)
             startup_s = time.monotonic() - started
             outcomes: list[PodOutcome] = []
@@ -325,14 +342,16 @@ async def run_stream(policy: Policy, nodes: int, waves: Sequence[Wave]) -> Strea
             final = await node_states(box)
             placed = sum(1 for o in outcomes if o.node is not None)
             counts = await wait_settled(box, placed)
+            scheduled_by = await scheduled_events(box) if box.real is not None else None
             seconds = time.monotonic() - started
             while_up = residue(root, before)
         after = residue(root, before)
         log = (root / "extender.log").read_text(errors="replace")
         missed = tuple(line for line in log.splitlines() if "prediction missed" in line)
         return StreamResult(
-            policy, tuple(outcomes), after_shared, final, counts, seconds, startup_s, missed, while_up, after
-        )
+            policy, tuple(outcomes), after_shared, final, counts, seconds, startup_s, missed, while_up, after,
+            control_plane, scheduled_by,
+        )  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -6,7 +6,9 @@ replica, then 4 pods of 4 replicas (a whole GPU's worth). Under `packed` every f
 a GPU to itself; under `distributed` the single replicas sit one per GPU and every full-GPU pod
 is stranded across GPUs shared with others. Counts come from the published NodeGpuState.
 
-Each policy's stream runs once per module (6 to 14 s each, by load); the tests read its record.
+Each policy's stream runs once per module and control plane (6 to 14 s each on the in-process
+one, by load; about twice that on the real kube-apiserver and kube-scheduler); the tests read its
+record.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from collections import Counter
 import pytest
 
 from common.policies import Policy
+from sandbox import demo
 from sandbox.demo import Wave
+from tests.conftest import real_binaries
 from tests.scenario.harness import (
     REPLICAS,
     StreamResult,
@@ -27,7 +31,11 @@ from tests.scenario.harness import (
     whole_gpu_holders,
 )
 
-pytestmark = pytest.mark.timeout(150)  # the first test of each policy pays for its stream
+pytestmark = [
+    pytest.mark.timeout(300),  # the first test of each policy pays for its stream
+    # Every test on both control planes; module scope, so each stream runs once per plane.
+    pytest.mark.parametrize("control_plane", demo.CONTROL_PLANES, indirect=True, scope="module"),
+]
 
 NODES = 2
 GPUS = NODES * 4
@@ -35,25 +43,38 @@ SHARED = Wave("shared", GPUS, 1, False)
 FULL = Wave("full-gpu", GPUS // 2, REPLICAS, True)
 
 
-def _run(policy: Policy) -> StreamResult:
+def _run(policy: Policy, control_plane: str) -> StreamResult:
     # A sync fixture with its own loop: the stream outlives any one test's event loop.
-    return asyncio.run(run_stream(policy, NODES, (SHARED, FULL)))
+    return asyncio.run(run_stream(policy, NODES, (SHARED, FULL), control_plane=control_plane))
 
 
 @pytest.fixture(scope="module")
-def packed() -> StreamResult:
-    return _run(Policy.PACKED)
+def control_plane(request: pytest.FixtureRequest) -> str:
+    if request.param == demo.REAL:
+        real_binaries()
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def distributed() -> StreamResult:
-    return _run(Policy.DISTRIBUTED)
+def packed(control_plane: str) -> StreamResult:
+    return _run(Policy.PACKED, control_plane)
+
+
+@pytest.fixture(scope="module")
+def distributed(control_plane: str) -> StreamResult:
+    return _run(Policy.DISTRIBUTED, control_plane)
 
 
 @pytest.fixture(params=[Policy.PACKED, Policy.DISTRIBUTED], ids=str)
-def stream(request: pytest.FixtureRequest) -> StreamResult:
+def stream(request: pytest.FixtureRequest, control_plane: str) -> StreamResult:
     result: StreamResult = request.getfixturevalue(str(request.param))
     return result
+
+
+def test_on_the_real_control_plane_kube_scheduler_bound_every_pod(stream: StreamResult) -> None:
+    if stream.control_plane != demo.REAL:
+        pytest.skip("only the real control plane has kube-scheduler's Scheduled events")
+    assert stream.scheduled_by == {o.name: "default-scheduler" for o in stream.outcomes}
 
 
 def test_every_pod_is_scheduled_admitted_and_published(stream: StreamResult) -> None:
@@ -102,9 +123,11 @@ def test_the_extender_counts_every_prediction_as_a_match(stream: StreamResult) -
 
 def test_the_sandbox_leaves_no_process_socket_or_task_behind(stream: StreamResult) -> None:
     up, after = stream.while_up, stream.after
-    # While up: one agent per node and the extender, with their sockets (else the checks below
-    # would pass for seeing nothing).
-    assert len(up.children) == len(up.processes) == NODES + 1, up
+    # While up: one agent per node and the extender (and on the real control plane etcd,
+    # kube-apiserver and kube-scheduler), with their sockets (else the checks below would pass
+    # for seeing nothing).
+    expected = NODES + 1 + (3 if stream.control_plane == demo.REAL else 0)
+    assert len(up.children) == len(up.processes) == expected, up
     assert up.bound_sockets and up.socket_files, up
     assert after.children == frozenset()
     assert after.processes == ()
