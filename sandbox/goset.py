@@ -1,9 +1,9 @@
 """The order in which the real kubelet lists a set of device IDs: none in particular.
 
-The kubelet keeps device IDs in a Go `sets.Set[string]` (a map) and sends `UnsortedList()`, whose
-order changes from call to call. Handing them sorted would hide a plugin whose answer depends on
-the order, so the sandbox shuffles them. The global `random` is used on purpose: pytest-randomly
-reseeds it per test and prints the seed, so a failure it provokes can be replayed.
+The kubelet keeps device IDs in a Go `sets.Set[string]` (a map) and sends `UnsortedList()`, in
+an order that has nothing to do with the IDs. Handing them sorted would hide a plugin whose answer
+depends on the order, so the sandbox shuffles them. The shuffle is seeded by the set itself: the
+same set always comes in the same (unsorted) order, so a failure it provokes replays exactly.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 
 def unsorted_list(members: Iterable[str]) -> list[str]:
-    items = sorted(members)  # from a known order, so a given seed gives a given shuffle
-    random.shuffle(items)
+    items = sorted(members)
+    # random.Random seeds a str through SHA-512: the same on every run, whatever PYTHONHASHSEED.
+    random.Random("\n".join(items)).shuffle(items)
     return items
