@@ -166,6 +166,16 @@ class Publisher:
         self._pod_resources = pod_resources
         self._clock = clock
         self.pods = PodIndex(api, node_name, self._mark_dirty_and_poll)
+        self._resync_now = False
+        self._own_object = Reflector(
+            functools.partial(
+                self._custom.list_cluster_custom_object_without_preload_content,
+                schema.GROUP, schema.VERSION, schema.PLURAL, field_selector=f"metadata.name={node_name}",
+            ),
+            what=f"NodeGpuState {node_name}",
+            on_change=lambda _cache: None,
+            on_event=self._own_object_event,
+        )
         self._dirty = asyncio.Event()
         self._kick = asyncio.Event()
         self._listed = asyncio.Event()
@@ -222,9 +232,20 @@ class Publisher:
 
     # -- tasks -----------------------------------------------------------------------------
 
+    def _own_object_event(self, kind: str, obj: Obj) -> None:
+        """Someone deleted our NodeGpuState, or wrote a status we did not: read it back and
+        rewrite it now rather than at the next resync (a scheduler would trust it meanwhile)."""
+        if kind == "DELETED" or (
+            self.published is not None
+            and not _same_status(obj.get("status"), statebuilding.status_document(self.published))
+        ):
+            self._resync_now = True
+            self._dirty.set()
+
     async def run(self) -> None:
         tasks = Supervisor(f"publisher {self.node_name}")
         tasks.spawn("publish:pods-watch", self.pods.run())
+        tasks.spawn("publish:own-object-watch", self._own_object.run())
         tasks.spawn("publish:agent-follow", self._follow_agent())
         tasks.spawn("publish:podresources-poll", self._poll_pod_resources())
         tasks.spawn("publish:write", self._write_forever())
@@ -294,8 +315,8 @@ class Publisher:
                 await asyncio.sleep(wait)
             self._dirty.clear()
             now = self._clock()
-            if now >= last_resync + s.resync_s:
-                last_resync = now
+            if now >= last_resync + s.resync_s or self._resync_now:
+                last_resync, self._resync_now = now, False
                 await self._resync()
             heartbeat = s.heartbeat_s > 0 and now >= self._published_at + s.heartbeat_s
             if await self._publish_until_done(heartbeat=heartbeat):

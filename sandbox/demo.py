@@ -40,6 +40,7 @@ from sandbox.identities import Identities
 from sandbox.nodes import NodeSpec, NodeStartError, SimulatedNode
 from sandbox.processes import LoggedProcess
 from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
+from sandbox.tcpproxy import RoundRobinProxy
 
 log = logging.getLogger("sandbox.demo")
 
@@ -138,6 +139,16 @@ def render_states(states: Sequence[gpustate.NodeState], names: Sequence[str], ou
         print(f"    {name:<8} {cells}", file=out)
 
 
+@dataclass(frozen=True, slots=True)
+class ExtenderReplica:
+    process: LoggedProcess
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
 class Sandbox:
     """One policy's stack: control plane, nodes, extender, scheduler.
 
@@ -147,7 +158,7 @@ class Sandbox:
 
     def __init__(
         self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path,
-        *, control_plane: str = IN_PROCESS,
+        *, control_plane: str = IN_PROCESS, extender_replicas: int = 1, agent_args: Sequence[str] = (),
     ) -> None:  # fmt: skip
         if control_plane not in CONTROL_PLANES:
             raise DemoError(f"invalid control plane: {control_plane} (choose from {', '.join(CONTROL_PLANES)})")
@@ -155,13 +166,16 @@ class Sandbox:
         self.workload = workload
         self.root = root
         self.control_plane = control_plane
+        self.agent_args = tuple(agent_args)
         self.api_server = FakeApiServer()
         self.real: RealControlPlane | None = None
         self.kubeconfig = root / "kubeconfig"
         self.node_specs = [NodeSpec(f"node-{i}", machine, root / "agent-config.yaml") for i in range(nodes)]
         self.nodes: list[SimulatedNode] = []
-        self.extender: LoggedProcess | None = None
-        self.extender_url = ""
+        self.extender: LoggedProcess | None = None  # the first replica
+        self.extender_replicas = extender_replicas
+        self.replicas: list[ExtenderReplica] = []
+        self.extender_url = ""  # the one replica, or the proxy in front of them
         self._stack = contextlib.AsyncExitStack()
 
     @property
@@ -219,7 +233,7 @@ class Sandbox:
         for i, spec in enumerate(self.node_specs):
             spec = NodeSpec(
                 spec.name, spec.machine, spec.config_file,
-                extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}",),
+                extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}", *self.agent_args),
             )  # fmt: skip
             node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))
             self.nodes.append(await self._node(spec, node_root))
@@ -234,23 +248,19 @@ class Sandbox:
         except* NodeStartError as failed:
             raise DemoError(str(failed.exceptions[0])) from None
 
-        port = free_port()
-        self.extender_url = f"http://127.0.0.1:{port}"
-        extender_kubeconfig = await self.identities.extender_kubeconfig() if self.real else self.kubeconfig
-        self.extender = LoggedProcess(
-            [
-                sys.executable, "-m", "extender",
-                f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
-                f"--kubeconfig={extender_kubeconfig}", "--log-format=text",
-            ],
-            self.root / "extender.log",
-        )  # fmt: skip
-        await self.extender.start()
-        self._stack.push_async_callback(self.extender.stop)
+        self.extender_kubeconfig = await self.identities.extender_kubeconfig() if self.real else self.kubeconfig
         self.session = aiohttp.ClientSession()
         self._stack.push_async_callback(self.session.close)
-        await self._wait_ready()
-        await self._wait_states_cached()
+        for i in range(self.extender_replicas):
+            self.replicas.append(await self.start_extender(i))
+        self.extender = self.replicas[0].process
+        if len(self.replicas) > 1:  # one address for all, as a Service gives them
+            proxy = RoundRobinProxy([("127.0.0.1", r.port) for r in self.replicas])
+            await proxy.start()
+            self._stack.push_async_callback(proxy.stop)
+            self.extender_url = f"http://127.0.0.1:{proxy.port}"
+        else:
+            self.extender_url = self.replicas[0].url
         self.driver = SchedulerDriver(
             self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
         )
@@ -260,20 +270,38 @@ class Sandbox:
             except ControlPlaneUnavailable as e:
                 raise DemoError(str(e)) from None
 
-    async def _wait_ready(self) -> None:
+    async def start_extender(self, index: int, port: int = 0) -> ExtenderReplica:
+        """Start extender replica `index` (on `port`, else a free one); return once it is ready
+        and has cached every node's NodeGpuState."""
+        port = port or free_port()
+        process = LoggedProcess(
+            [
+                sys.executable, "-m", "extender",
+                f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
+                f"--kubeconfig={self.extender_kubeconfig}", "--log-format=text",
+            ],
+            self.root / ("extender.log" if index == 0 else f"extender-{index}.log"),
+        )  # fmt: skip
+        await process.start()
+        self._stack.push_async_callback(process.stop)
+        replica = ExtenderReplica(process, port)
+        await self._wait_ready(replica)
+        await self._wait_states_cached(replica)
+        return replica
+
+    async def _wait_ready(self, replica: ExtenderReplica) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if self.extender is not None and self.extender.exited:
+            if replica.process.exited:
                 break
             with contextlib.suppress(aiohttp.ClientError):
-                async with self.session.get(f"{self.extender_url}/readyz") as resp:
+                async with self.session.get(f"{replica.url}/readyz") as resp:
                     if resp.status == 200:
                         return
             await asyncio.sleep(0.1)
-        tail = self.extender.log_tail() if self.extender is not None else ""
-        raise DemoError(f"extender at {self.extender_url} did not become ready:\n{tail}")
+        raise DemoError(f"extender at {replica.url} did not become ready:\n{replica.process.log_tail()}")
 
-    async def _wait_states_cached(self) -> None:
+    async def _wait_states_cached(self, replica: ExtenderReplica) -> None:
         """Every node has published its NodeGpuState and the extender holds them all. Ready
         means its caches listed once, maybe before an agent's first write: a pod scheduled then
         is scored as on unknown nodes, and `node_states()` can meet a 404."""
@@ -281,7 +309,7 @@ class Sandbox:
         deadline = time.monotonic() + PUBLISH_TIMEOUT_S
         while True:
             with contextlib.suppress(aiohttp.ClientError):
-                async with self.session.get(f"{self.extender_url}/metrics") as resp:
+                async with self.session.get(f"{replica.url}/metrics") as resp:
                     if want in (await resp.text()).splitlines():
                         return
             if time.monotonic() > deadline:

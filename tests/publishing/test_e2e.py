@@ -180,6 +180,35 @@ async def test_an_object_edited_by_someone_else_is_rewritten_at_resync() -> None
         await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED)
 
 
+async def test_a_state_deleted_by_hand_is_written_again_at_once_not_at_resync() -> None:
+    """The agent watches its own object: with the resync ten minutes away, only the watch can
+    bring it back."""
+    import dataclasses
+
+    from tests.publishing.harness import FAST
+
+    async with node(config(time_slicing(2)), gpus(1), settings=dataclasses.replace(FAST, resync_s=600)) as n:
+        uid = await n.start_pod("p0")
+        await n.wait_state(lambda s: uid in pods_of(s))
+        n.server.store.delete(kinds.NODE_GPU_STATES, "", NODE)
+        assert n.published() is None
+        restored = await n.wait_state(lambda s: uid in pods_of(s), timeout=10.0)
+        assert restored.resources[0].gpus[0].allocated == 1
+
+
+async def test_a_status_edited_by_someone_else_is_rewritten_at_once_not_at_resync() -> None:
+    import dataclasses
+
+    from tests.publishing.harness import FAST
+
+    async with node(config(time_slicing(2)), gpus(1), settings=dataclasses.replace(FAST, resync_s=600)) as n:
+        await n.wait_state(lambda s: True)
+        obj = n.server.store.get(kinds.NODE_GPU_STATES, "", NODE)
+        obj["status"]["allocationPolicy"] = "spread"
+        n.server.store.update(kinds.NODE_GPU_STATES, "", NODE, obj, "status")
+        await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED, timeout=10.0)
+
+
 async def test_unhealthy_devices_are_published() -> None:
     from dataclasses import dataclass
 
