@@ -192,7 +192,7 @@ async def test_a_state_deleted_by_hand_is_written_again_at_once_not_at_resync() 
         await n.wait_state(lambda s: uid in pods_of(s))
         n.server.store.delete(kinds.NODE_GPU_STATES, "", NODE)
         assert n.published() is None
-        restored = await n.wait_state(lambda s: uid in pods_of(s), timeout=10.0)
+        restored = await n.wait_state(lambda s: uid in pods_of(s))
         assert restored.resources[0].gpus[0].allocated == 1
 
 
@@ -206,7 +206,7 @@ async def test_a_status_edited_by_someone_else_is_rewritten_at_once_not_at_resyn
         obj = n.server.store.get(kinds.NODE_GPU_STATES, "", NODE)
         obj["status"]["allocationPolicy"] = "spread"
         n.server.store.update(kinds.NODE_GPU_STATES, "", NODE, obj, "status")
-        await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED, timeout=10.0)
+        await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED)
 
 
 async def test_unhealthy_devices_are_published() -> None:
