@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -63,7 +64,7 @@ async def setup() -> AsyncIterator[tuple[FakeApiServer, kclient.ApiClient]]:
 
 async def _running(follow: Follow) -> asyncio.Task[None]:
     task = asyncio.create_task(follow.reflector.run(), name="reflector-under-test")
-    await asyncio.wait_for(follow.reflector.synced.wait(), 3)
+    await asyncio.wait_for(follow.reflector.synced.wait(), 30)
     return task
 
 
@@ -105,18 +106,23 @@ async def test_a_too_old_version_means_listing_again(setup: tuple[FakeApiServer,
 
 
 async def test_an_outage_is_survived_and_what_changed_meanwhile_is_seen(
-    setup: tuple[FakeApiServer, kclient.ApiClient],
+    setup: tuple[FakeApiServer, kclient.ApiClient], caplog: pytest.LogCaptureFixture
 ) -> None:
     server, api = setup
+    caplog.set_level(logging.WARNING, logger="agent.kubewatching")
     follow = Follow(api, backoff_initial_s=0.05, backoff_max_s=0.1)
     task = await _running(follow)
     try:
+        lists = follow.reflector.relists
         await server.pause("refuse")
         _pod(server, "during")
-        await asyncio.sleep(0.2)  # the outage lasts; the reflector keeps retrying
-        assert follow.names() == set()
+        # The outage outlasts a retry: two failed attempts to list again, logged.
+        async with asyncio.timeout(30):
+            while sum("watch of pods on node-0 failed" in r.getMessage() for r in caplog.records) < 2:
+                await asyncio.sleep(0.01)
+        assert follow.names() == set() and follow.reflector.relists == lists
         await server.resume()
         await follow.until(lambda: follow.names() == {"during"})
-        assert follow.reflector.relists >= 2
+        assert follow.reflector.relists == lists + 1  # one list brought the change made meanwhile
     finally:
         await _stop(task)
