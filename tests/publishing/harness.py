@@ -30,6 +30,7 @@ from sandbox.kubelet_pods import ContainerSpec, PodSpec
 
 NODE = "node-0"
 SHARED = "nvidia.com/gpu"
+LOADED_RPC_TIMEOUT_S = 30.0  # pytest-timeout (60 s) still ends a hung test
 FAST = publishing.PublishSettings(resync_s=5.0, retry_initial_s=0.05, retry_max_s=0.2)
 
 
@@ -173,7 +174,9 @@ async def node(
     root = Path(tempfile.mkdtemp(prefix="spp-", dir="/tmp"))
     server = FakeApiServer()
     await server.start()
-    kubelet = FakeKubelet(root / "k")
+    # The kubelet-to-agent calls share this loop with everything else here: on a loaded machine
+    # the fake kubelet's 10 s hang guard can run out before a starved loop answers.
+    kubelet = FakeKubelet(root / "k", rpc_timeout=LOADED_RPC_TIMEOUT_S)
     polls = PollCounter(kubelet)
     agent_task: asyncio.Task[None] | None = None
     publication: asyncio.Task[None] | None = None
