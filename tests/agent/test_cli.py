@@ -11,10 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sandbox.apiserver import FakeApiServer
 from sandbox.apiserver_resources import NODE_GPU_STATES, NODES
 from sandbox.apiserver_store import ApiError
 from tests.agent.harness import fake_kubelet, pod
+
+# Real processes: their cold start (imports) alone can take tens of seconds on a loaded machine.
+pytestmark = pytest.mark.timeout(180)
 
 REPO = Path(__file__).resolve().parents[2]
 NO_DRIVER = """name: no-driver
@@ -36,7 +41,7 @@ class _Lines:
         self._stream = stream
         self._seen = 0
 
-    async def wait_for(self, pattern: str, timeout: float = 10.0) -> str:
+    async def wait_for(self, pattern: str, timeout: float = 30.0) -> str:
         rx = re.compile(pattern)
         async with asyncio.timeout(timeout):
             while True:
@@ -68,7 +73,7 @@ async def test_cli_serves_a_simulated_machine_reloads_on_sighup_and_drains_on_si
         lines = _Lines(proc.stderr)
         try:
             await lines.wait_for(r"running with config: .*\"sharedDevicesAllocationPolicy\": \"packed\"")
-            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=10)
+            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=30)
             assert kubelet.capacity() == {"nvidia.com/gpu": 16}
 
             config_file.write_text(BAD)
@@ -81,7 +86,7 @@ async def test_cli_serves_a_simulated_machine_reloads_on_sighup_and_drains_on_si
 
             proc.send_signal(signal.SIGTERM)
             await lines.wait_for("draining")
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -105,9 +110,9 @@ async def test_cli_publishes_the_node_state_when_an_api_is_configured() -> None:
         assert proc.stderr is not None
         lines = _Lines(proc.stderr)
         try:
-            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=10)
+            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=30)
             # Another process writes the object: poll the fake API (there is nothing to await).
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(30):
                 while True:
                     try:
                         obj = api.store.get(NODE_GPU_STATES, "", "node-0")
@@ -120,7 +125,7 @@ async def test_cli_publishes_the_node_state_when_an_api_is_configured() -> None:
             assert resource["name"] == "nvidia.com/gpu"
             assert sum(g["total"] for g in resource["gpus"]) == 4
             proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -138,7 +143,7 @@ async def test_cli_without_a_driver_honours_fail_on_init_error() -> None:
         failing = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent", *common, stderr=asyncio.subprocess.PIPE, cwd=REPO
         )
-        _, err = await asyncio.wait_for(failing.communicate(), 20)
+        _, err = await asyncio.wait_for(failing.communicate(), 30)
         assert failing.returncode == 1
         assert "cannot start" in err.decode() and "failOnInitError is true" in err.decode()
 
@@ -150,7 +155,7 @@ async def test_cli_without_a_driver_honours_fail_on_init_error() -> None:
         try:
             await _Lines(idle.stderr).wait_for("serving nothing until stopped")
             idle.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(idle.wait(), 10) == 0
+            assert await asyncio.wait_for(idle.wait(), 30) == 0
         finally:
             if idle.returncode is None:
                 idle.kill()
