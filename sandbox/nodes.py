@@ -118,6 +118,7 @@ class SimulatedNode:
             f"--node-name={self.spec.name}",
             f"--kubeconfig={self._kubeconfig}",
             "--log-format=text",
+            "--metrics-listen=127.0.0.1:0",  # many agents on one host: any free port each
         ]  # fmt: skip
         if self.spec.config_file is not None:
             args.append(f"--config-file={self.spec.config_file}")

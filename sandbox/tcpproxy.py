@@ -24,6 +24,7 @@ class RoundRobinProxy:
         self._next = itertools.cycle(range(len(self.backends)))
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self.connections = [0] * len(self.backends)  # accepted per backend
         self.refused = 0  # connections no backend accepted
 
@@ -36,9 +37,12 @@ class RoundRobinProxy:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        for task in list(self._pipes):
-            task.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
+        # Closing both ends ends each pipe; cancelling a connection's task instead makes
+        # asyncio's stream server log the cancellation as an error.
+        for writer in list(self._writers):
+            writer.close()
+        if self._pipes:
+            await asyncio.wait(self._pipes, timeout=5)
 
     async def _connect(self) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter] | None:
         for _ in range(len(self.backends)):
@@ -53,19 +57,23 @@ class RoundRobinProxy:
         task = asyncio.current_task()
         assert task is not None
         self._pipes.add(task)
+        self._writers.add(client_writer)
         try:
             backend = await self._connect()
             if backend is None:
                 self.refused += 1
                 return
             i, reader, writer = backend
+            self._writers.add(writer)
             self.connections[i] += 1
             try:
                 await asyncio.gather(_pipe(client_reader, writer), _pipe(reader, client_writer))
             finally:
                 writer.close()
+                self._writers.discard(writer)
         finally:
             client_writer.close()
+            self._writers.discard(client_writer)
             self._pipes.discard(task)
 
 

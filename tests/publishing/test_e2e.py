@@ -19,11 +19,19 @@ async def test_pods_started_through_the_kubelet_are_published_one_by_one() -> No
         first = await n.wait_state(lambda s: s.resource("nvidia.com/gpu") is not None)
         assert [(g.total, g.allocated) for g in first.resources[0].gpus] == [(4, 0), (4, 0)]
         uids: list[str] = []
+        delays = "sharepack_agent_state_publish_delay_seconds_count"
         for i in range(3):
+            measured = n.agent.metrics.value(delays)
             uid = await n.start_pod(f"p{i}")
             state = await n.wait_state(lambda s, uid=uid: uid in pods_of(s))
+            # The store has the write before the writer resumes to time it: wait for the count.
+            async with asyncio.timeout(30):
+                while n.agent.metrics.value(delays) <= measured:
+                    await asyncio.sleep(0.01)
             uids.append(uid)
             assert pods_of(state) == set(uids) and sum(held(state).values()) == i + 1
+        # each pod was waited for before the next started: one write at least for each
+        assert n.agent.metrics.value("sharepack_agent_state_writes_total") >= 3
         state = await n.wait_state(lambda s: pods_of(s) == set(uids))
         # distributed: 3 single replicas over 2 GPUs -> 2 + 1
         assert sorted(held(state).values()) == [1, 2]
@@ -100,6 +108,8 @@ async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up(
         await n.server.resume()
         state = await n.wait_state(lambda s: pods_of(s) == set(uids))
         assert sum(held(state).values()) == 3
+        if mode == "unavailable":  # answered 503; a refused reconnect may just wait out the outage
+            assert n.agent.metrics.value("sharepack_agent_state_write_errors_total") >= 1
 
 
 async def test_a_deleted_object_is_written_again() -> None:
