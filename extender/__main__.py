@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from common import addresses, fragmentation, podrequests
+from common import addresses, fragmentation, podrequests, scoring
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
@@ -73,6 +73,7 @@ class Options:
     assume_ttl_s: float = DEFAULT_ASSUME_TTL_S
     resync_s: float = DEFAULT_RESYNC_S
     state_max_age_s: float = DEFAULT_STATE_MAX_AGE_S  # 0: no age check
+    filter_tier_width: int = scoring.DEFAULT_TIER_WIDTH  # 0: the filter passes every feasible node
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -134,7 +135,13 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--state-max-age-seconds", type=float, default=DEFAULT_STATE_MAX_AGE_S,
                    help="a NodeGpuState whose observedAt is older than this is stale: its node "
                         "is treated as unknown (passes filter, score 0); 0 turns the check off")  # fmt: skip
+    p.add_argument("--filter-tier-width", type=int, default=scoring.DEFAULT_TIER_WIDTH,
+                   help="the filter passes only this many best feasible nodes by the node policy's "
+                        "own rank (ties by name), so the scheduler cannot scatter GPU pods; 0 "
+                        "passes all (default: %(default)s)")  # fmt: skip
     a = p.parse_args(list(argv))
+    if a.filter_tier_width < 0:
+        p.error(f"invalid --filter-tier-width option: {a.filter_tier_width} (want 0 or more)")
     if bool(a.tls_cert_file) != bool(a.tls_private_key_file):
         p.error("--tls-cert-file and --tls-private-key-file go together")
     if a.insecure_http and a.tls_cert_file:
@@ -185,6 +192,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         assume_ttl_s=a.assume_ttl,
         resync_s=a.resync,
         state_max_age_s=a.state_max_age_seconds,
+        filter_tier_width=a.filter_tier_width,
     )
     try:
         opts.host_port
@@ -272,6 +280,7 @@ class Service:
         self.view = ClusterView(
             opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s,
             max_age_s=opts.state_max_age_s, workload=opts.typical_workload,
+            tier_width=opts.filter_tier_width,
         )  # fmt: skip
         self.informers: list[Reflector] = []
         self._watch_api: Any | None = None  # kubernetes.aio client of the reflectors

@@ -106,8 +106,10 @@ class ClusterView:
         max_age_s: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
         workload: fragmentation.TypicalWorkload | None = None,  # `fragaware` only; default built in
+        tier_width: int = 0,  # the filter passes only this many best nodes (`scoring.best_tier`); 0: all
     ) -> None:
         self.node_policy = node_policy
+        self.tier_width = tier_width
         self.metrics = metrics or Metrics()
         self.assume_ttl = assume_ttl
         self.clock = clock
@@ -319,7 +321,30 @@ class ClusterView:
                 unresolvable[name] = s.reason
             else:
                 failed[name] = s.reason
+        if 0 < self.tier_width < len(survivors):
+            survivors = self._best_tier(names, survivors, request, now, failed)
         return survivors, failed, unresolvable
+
+    def _best_tier(
+        self, names: Sequence[str], survivors: list[int], request: PodRequest, now: float, failed: dict[str, str]
+    ) -> list[int]:
+        """The best `tier_width` survivors by the node policy's fine rank, ties by node name;
+        unknown and stale nodes rank below every known one. The scheduler picks at random among
+        its best totals: passing it only our best is what makes the choice ours. The others
+        fail with a reason that says so (they could run the pod; preemption never sees them,
+        since a survivor remains)."""
+        entries = []
+        for i in survivors:
+            scorer = self.scorers.get(names[i])
+            known = scorer is not None and scorer.fresh_until > now
+            entries.append((scorer.verdict(request).rank if scorer is not None and known else -math.inf, names[i]))
+        keep = [survivors[k] for k in scoring.best_tier(entries, self.tier_width)]
+        kept = set(keep)
+        reason = f"outside the best {self.tier_width} node(s) by {self.node_policy} (--filter-tier-width)"
+        for i in survivors:
+            if i not in kept:
+                failed[names[i]] = reason
+        return keep
 
     def host_priorities(self, names: Sequence[str], request: PodRequest) -> list[bytes]:
         """Each node's wire-encoded HostPriority; unknown or stale nodes get the lowest score."""

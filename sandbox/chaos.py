@@ -70,6 +70,7 @@ CONFIG_NAME = "chaos"  # the named config the soak's nodes use, in the agent Con
 SHAPES = (1, 1, 1, 2, 2, 4)  # replicas per pod, drawn uniformly
 XID = 48  # double-bit ECC: critical
 RECOVERY_S = 3  # --unhealthy-recovery-seconds for the soak's agents
+LEASE_TAKEOVER_S = 20.0  # kube-scheduler's default lease duration (15 s) and its retry period
 
 
 @dataclass(slots=True)
@@ -150,6 +151,7 @@ class Soak:
         self.agreed: dict[str, float] = {}  # node -> last time its state matched its kubelet
         self.open_faults = 0
         self.counter = 0
+        self.scheduler_restarts = 0
         self.replica_counts: dict[tuple[int, int], tuple[int, int, int]] = {}  # (replica, pid) -> (match, miss, 5xx)
 
     # -- driving ---------------------------------------------------------------------------
@@ -340,6 +342,12 @@ class Soak:
         while True:
             await asyncio.sleep(CHECK_S)
             now = time.monotonic()
+            real = self.box.real
+            if real is not None and real.scheduler_restarts > self.scheduler_restarts:
+                # kube-scheduler lost its lease in an API outage and restarts: until the old lease
+                # expires nothing schedules, as in a cluster. A fault of the whole cluster.
+                self.scheduler_restarts = real.scheduler_restarts
+                self.last_fault["*"] = now + LEASE_TAKEOVER_S + SETTLE_S
             self._check_double_held()
             await self._check_states(now, seen_state)
             await self._check_pods(now, seen_lost)
@@ -381,7 +389,8 @@ class Soak:
         for pod in pods:
             name = pod.metadata.name
             created = self.pods.get(name)
-            if created is None or name in reported or now - created < POD_GRACE_S:
+            # A pod waits out a fault of the whole cluster (the scheduler away) on top of its grace.
+            if created is None or name in reported or now - max(created, self.last_fault.get("*", 0.0)) < POD_GRACE_S:
                 continue
             phase = pod.status.phase if pod.status else None
             if pod.spec.node_name:

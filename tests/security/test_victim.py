@@ -20,6 +20,7 @@ import kubernetes
 import pytest
 
 from common.policies import Policy
+from extender.metrics import parse_text
 from sandbox import demo
 from sandbox.demo import Sandbox, Workload
 from tests.conftest import real_binaries
@@ -62,7 +63,8 @@ async def test_the_victim_pod_cannot_be_bound_through_the_extender(control_plane
             assert pod.spec.node_name is None
             async with box.session.get(f"{box.extender_url}/metrics") as resp:
                 text = await resp.text()
-            assert 'sharepack_extender_bind_refusals_total{rule="not-scored"} 1' in text.splitlines()
-            assert 'sharepack_extender_binds_total{result="success"} 0' in text.splitlines()
+            samples = parse_text(text)
+            assert samples['sharepack_extender_bind_refusals_total{rule="not-scored"}'] == 1
+            assert samples['sharepack_extender_binds_total{result="success"}'] == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
