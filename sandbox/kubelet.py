@@ -19,6 +19,8 @@ What it does, and where it follows the kubelet (pkg/kubelet/cm/devicemanager):
   `Allocate`. After the device manager, the node-fit predicate runs (allocatable, raised to what
   is already allocated, against the requests of all admitted pods). A failure rejects the pod
   and frees everything it held.
+* `cut_stream(resource)`: the kubelet ends one ListAndWatch stream, sockets untouched (a broken
+  connection): the resource's devices turn unhealthy until the plugin registers again.
 * `restart()`: the process dies (servers and plugin connections go), every socket in the
   device-plugins directory is deleted, `kubelet.sock` and the PodResources socket are created
   anew, allocations are kept and capacity drops to zero until plugins register again.
@@ -244,6 +246,19 @@ class FakeKubelet:
             table.devices = {}
         self._restarts += 1
         await self.start()
+
+    async def cut_stream(self, resource: str) -> None:
+        """End a resource's ListAndWatch stream from the kubelet's side without a restart (the
+        sockets stay): its devices turn unhealthy and the kubelet never redials, as when the
+        real kubelet's stream breaks. Only a new registration brings the resource back."""
+        endpoint = self._endpoints.get(resource)
+        if endpoint is None or endpoint.stopped:
+            raise ValueError(f"fake kubelet: no live ListAndWatch stream for {resource}")
+        await self._close_endpoint(endpoint)
+        table = self._tables.setdefault(resource, _Table())
+        table.devices = {k: replace(d, healthy=False) for k, d in table.devices.items()}
+        log.info("ListAndWatch cut by the kubelet", extra={"resource": resource})
+        self._notify()
 
     async def __aenter__(self) -> FakeKubelet:
         await self.start()

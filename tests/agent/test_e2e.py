@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -344,3 +345,22 @@ async def test_a_policy_only_reload_keeps_the_servers_and_takes_effect() -> None
         for uid in ("a", "b", "c"):
             used |= {physical_key(d) for d in (await kubelet.admit_pod(pod(uid, "nvidia.com/gpu"))).devices("main", "nvidia.com/gpu")}
         assert len(used) == 1, "packed is in effect"
+
+
+async def test_a_list_and_watch_stream_cut_by_the_kubelet_is_registered_again() -> None:
+    """The kubelet ends the stream without restarting (no socket deleted): it now counts every
+    device unhealthy and never redials. The agent registers again, once."""
+    cfg = config(time_slicing(2))
+    async with fake_kubelet() as kubelet, running_agent(kubelet, cfg, plain_gpus(2)) as agent:
+        (resource,) = (r.name for r in agent.resources)
+        before = len(kubelet.registrations)
+        await kubelet.cut_stream(resource)
+        assert kubelet.healthy(resource) == frozenset()
+        await kubelet.wait_until(lambda: len(kubelet.healthy(resource)) == 4, timeout=10.0,
+                                 what="the resource healthy again")  # fmt: skip
+        assert len(kubelet.registrations) == before + 1
+        await kubelet.admit_pod(pod("after-cut", resource))
+        # The kubelet replacing the old endpoint by the new one is no second loss: no more
+        # registrations (waited out over several grace periods).
+        await asyncio.sleep(4 * agent.settings.stream_grace_s)
+        assert len(kubelet.registrations) == before + 1
