@@ -21,6 +21,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -441,7 +442,11 @@ async def run(opts: Options) -> int:
         signals += 1
         if signals > 1:
             log.warning("second signal: exiting now")
-            sys.exit(1)
+            # Not sys.exit: raised in this callback it unwinds through asyncio.run's teardown,
+            # which cancels in-flight handlers (aiohttp logs a traceback) and joins worker threads
+            # (a /bind stuck in the API client). At once means at once: flush the logs and go.
+            logging.shutdown()
+            os._exit(1)
         log.info("signal received: draining (send another to exit at once)")
         stop.set()
 

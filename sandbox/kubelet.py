@@ -13,7 +13,8 @@ What it does, and where it follows the kubelet (pkg/kubelet/cm/devicemanager):
 * Admission, container by container (init containers first) as the device manager does:
   devices left by plain init containers are reused first; then available = healthy minus
   allocated; `GetPreferredAllocation` (only when the plugin's options say so) gets available plus
-  the devices already chosen, must-include = those chosen, size = the whole request; the answer is
+  the devices already chosen, must-include = those chosen (both in no set order, as a Go set
+  lists them: `sandbox.goset`), size = the whole request; the answer is
   used as an unordered set and any shortfall is filled from the available devices; then
   `Allocate`. After the device manager, the node-fit predicate runs (allocatable, raised to what
   is already allocated, against the requests of all admitted pods). A failure rejects the pod
@@ -48,6 +49,7 @@ import grpc.aio
 from google.protobuf import text_format
 
 from proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from sandbox import goset
 from sandbox import kubelet_validation as validation
 from sandbox.kubelet_pods import (
     HEALTHY,
@@ -619,8 +621,8 @@ class FakeKubelet:
         request = api_pb2.PreferredAllocationRequest(
             container_requests=[
                 api_pb2.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=sorted(available),
-                    must_include_deviceIDs=sorted(must_include),
+                    available_deviceIDs=goset.unsorted_list(available),
+                    must_include_deviceIDs=goset.unsorted_list(must_include),
                     allocation_size=size,
                 )
             ]
