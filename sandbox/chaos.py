@@ -100,6 +100,7 @@ class Report:
     pods_created: int = 0
     pods_deleted: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # pods the kubelet refused, by reason
+    missed: list[str] = field(default_factory=list)  # the extenders' "prediction missed" lines
 
     def closing_line(self) -> str:
         share = 100.0 * self.matched / self.predicted if self.predicted else 100.0
@@ -450,6 +451,10 @@ def render(report: Report, out: TextIO) -> None:
         print(f"invariant {invariant:<13} violations {by_kind[invariant]}", file=out)
     for violation in report.violations[:20]:
         print(f"  at {violation.at:6.1f} s {violation.invariant}: {violation.detail}", file=out)
+    if report.missed:
+        print(f"\nprediction misses logged by the extenders (all, faults included): {len(report.missed)}, the first:", file=out)
+        for line in report.missed[:5]:
+            print(f"  {line}", file=out)
     print(report.closing_line(), file=out)
 
 
@@ -468,17 +473,25 @@ async def soak(opts: argparse.Namespace, out: TextIO) -> Report:
         workload = Workload(4, ())
         box = Sandbox(
             Policy(opts.policy), opts.nodes, opts.machine, workload, root,
-            control_plane=control_plane, extender_replicas=2, agent_args=agent_args,
+            control_plane=control_plane, extender_replicas=opts.extender_replicas, agent_args=agent_args,
+            session_affinity=not opts.spread_connections,
             node_labels={NODE_CONFIG_LABEL: CONFIG_NAME},
             before_nodes=lambda b: _install_config(b, workload.replicas),
         )  # fmt: skip
         print(
             f"chaos: {opts.nodes} nodes ({opts.machine}, {gpus} GPUs x {workload.replicas} replicas), "
-            f"{control_plane} control plane, 2 extender replicas, seed {opts.seed}, {opts.duration:.0f} s",
+            f"{control_plane} control plane, {opts.extender_replicas} extender replica(s), seed {opts.seed}, "
+            f"{opts.duration:.0f} s",
             file=out, flush=True,
         )  # fmt: skip
         async with box:
             report = await Soak(box, rng, opts.duration, out).run()
+        report.missed = [
+            line.strip()
+            for log_file in sorted(root.glob("extender*.log"))
+            for line in log_file.read_text(errors="replace").splitlines()
+            if "prediction missed" in line
+        ]
         render(report, out)
         return report
     finally:
@@ -508,6 +521,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="seeds the bursts, the faults and their targets (default 1)")
     p.add_argument("--nodes", type=int, default=3, help="simulated GPU nodes (default 3)")
     p.add_argument("--machine", default="dgx-a100", help="simulated machine (default dgx-a100: 8 GPUs)")
+    p.add_argument("--extender-replicas", type=int, default=2, help="extender replicas behind one address (default 2)")
+    p.add_argument(
+        "--spread-connections", action="store_true",
+        help="spread the scheduler's connections over the replicas (a Service without the "
+        "sessionAffinity: ClientIP that deploy/ sets)",
+    )  # fmt: skip
     p.add_argument("--policy", default="packed", help="agents' and extenders' policy (default packed)")
     p.add_argument(
         "--control-plane", choices=("auto", *demo.CONTROL_PLANES), default="auto",
@@ -519,6 +538,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--duration must be positive, got {opts.duration}")
     if opts.nodes < 1:
         p.error(f"--nodes must be at least 1, got {opts.nodes}")
+    if opts.extender_replicas < 1:
+        p.error(f"--extender-replicas must be at least 1, got {opts.extender_replicas}")
     try:
         Policy(opts.policy)
     except ValueError:

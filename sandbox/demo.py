@@ -152,7 +152,7 @@ class Sandbox:
     def __init__(
         self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path,
         *, control_plane: str = IN_PROCESS, extender_replicas: int = 1, agent_args: Sequence[str] = (),
-        node_labels: Mapping[str, str] | None = None,
+        node_labels: Mapping[str, str] | None = None, session_affinity: bool = True,
         before_nodes: Callable[[Sandbox], Awaitable[None]] | None = None,
     ) -> None:  # fmt: skip
         """`agent_args`, `node_labels`: for every node; `before_nodes`: runs once the control
@@ -165,6 +165,7 @@ class Sandbox:
         self.control_plane = control_plane
         self.agent_args = tuple(agent_args)
         self.node_labels = dict(node_labels or {})
+        self.session_affinity = session_affinity  # the extender Service's sessionAffinity: ClientIP
         self._before_nodes = before_nodes
         self.api_server = FakeApiServer()
         self.real: RealControlPlane | None = None
@@ -260,7 +261,7 @@ class Sandbox:
             self.replicas.append(await self.start_extender(i))
         self.extender = self.replicas[0].process
         if len(self.replicas) > 1:  # one address for all, as a Service gives them
-            proxy = RoundRobinProxy([("127.0.0.1", r.port) for r in self.replicas])
+            proxy = RoundRobinProxy([("127.0.0.1", r.port) for r in self.replicas], affinity=self.session_affinity)
             await proxy.start()
             self._stack.push_async_callback(proxy.stop)
             self.extender_url = f"https://127.0.0.1:{proxy.port}"  # TLS passes through the proxy

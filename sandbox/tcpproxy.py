@@ -3,7 +3,9 @@
 kube-proxy balances connections, not requests: each new TCP connection goes to the next
 backend that accepts it (round-robin), and the bytes pass through untouched (TLS included). A
 backend that refuses the connection (a killed replica, before its endpoint is removed) is
-skipped, as an endpoint that failed its readiness probe would be.
+skipped, as an endpoint that failed its readiness probe would be. With `affinity` (the
+Service's `sessionAffinity: ClientIP`; every client here is 127.0.0.1) a new connection goes to
+the backend of the previous one while that backend accepts it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ CONNECT_TIMEOUT_S = 2.0
 
 
 class RoundRobinProxy:
-    def __init__(self, backends: Sequence[tuple[str, int]], host: str = "127.0.0.1") -> None:
+    def __init__(self, backends: Sequence[tuple[str, int]], host: str = "127.0.0.1", *, affinity: bool = False) -> None:
         self.backends = list(backends)
+        self.affinity = affinity
+        self._sticky: int | None = None
         self.host = host
         self.port = 0
         self._next = itertools.cycle(range(len(self.backends)))
@@ -45,11 +49,14 @@ class RoundRobinProxy:
             await asyncio.wait(self._pipes, timeout=5)
 
     async def _connect(self) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter] | None:
-        for _ in range(len(self.backends)):
-            i = next(self._next)
+        order = [next(self._next) for _ in range(len(self.backends))]
+        if self.affinity and self._sticky is not None:
+            order = [self._sticky] + [i for i in order if i != self._sticky]
+        for i in order:
             host, port = self.backends[i]
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+                self._sticky = i
                 return i, reader, writer
         return None
 
