@@ -129,7 +129,12 @@ def scheduler_config(
 class RealControlPlane:
     """etcd + kube-apiserver (+ kube-scheduler on demand) in `workdir`; an async context manager."""
 
-    def __init__(self, workdir: Path | None = None, *, binaries: Binaries | None = None) -> None:
+    def __init__(
+        self, workdir: Path | None = None, *, binaries: Binaries | None = None, apiserver_args: Sequence[str] = ()
+    ) -> None:
+        """`apiserver_args`: added to kube-apiserver's flags (tests: `--watch-cache-sizes=pods#0`
+        sends pod watches to etcd, so `expire_watch_history` can make a version too old)."""
+        self._extra_apiserver_args = list(apiserver_args)
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="sp-kube-", dir="/tmp"))
         self._binaries = binaries
@@ -201,6 +206,7 @@ class RealControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            *self._extra_apiserver_args,
         ]  # fmt: skip
         await self._start_apiserver()
         write_kubeconfig(self.kubeconfig, self.url, ca=authority.ca.cert_pem(), client=admin)
@@ -230,6 +236,27 @@ class RealControlPlane:
         self.apiserver = LoggedProcess(self._apiserver_args, self.workdir / "kube-apiserver.log")
         await self.apiserver.start()
         await self._wait_ready(self.apiserver, f"{self.url}/readyz", "kube-apiserver", ssl_context=self.admin_ssl())
+
+    async def expire_watch_history(self) -> str:
+        """A resourceVersion a watch can no longer start from: the current one, after which etcd
+        is compacted past it (as its periodic compaction does). Watches the API server serves
+        from its watch cache keep answering from there; see `apiserver_args`."""
+        old = await self._current_revision()
+        async with aiohttp.ClientSession() as session:
+            await self.ensure_namespace(f"expire-{old}")  # a write, so the revision moves past `old`
+            new = await self._current_revision()
+            url = f"http://127.0.0.1:{self.etcd_port}/v3/kv/compaction"
+            async with session.post(url, json={"revision": str(new), "physical": True}) as resp:
+                if resp.status != 200:
+                    raise ControlPlaneUnavailable(f"etcd compaction at {url} failed: HTTP {resp.status}")
+        return str(old)
+
+    async def _current_revision(self) -> int:
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{self.etcd_port}/v3/kv/range"
+            async with session.post(url, json={"key": "AA=="}) as resp:  # any key: the header has the revision
+                doc = await resp.json(content_type=None)
+        return int(doc["header"]["revision"])
 
     async def restart_apiserver(self, downtime: float = 0.0) -> None:
         """Stop kube-apiserver and start it again on the same port; etcd keeps the data."""
@@ -426,8 +453,10 @@ class BackgroundControlPlane:
     """A RealControlPlane on an event loop of its own thread, for synchronous callers (a test
     session shares one). The children die with that thread's process, as any other."""
 
-    def __init__(self, workdir: Path | None = None, *, binaries: Binaries | None = None) -> None:
-        self.control = RealControlPlane(workdir, binaries=binaries)
+    def __init__(
+        self, workdir: Path | None = None, *, binaries: Binaries | None = None, apiserver_args: Sequence[str] = ()
+    ) -> None:
+        self.control = RealControlPlane(workdir, binaries=binaries, apiserver_args=apiserver_args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="control-plane", daemon=True)
         self._thread.start()

@@ -51,8 +51,8 @@ class Endpoint:
         """A resourceVersion a watch can no longer start from (410 Gone). The sandbox forgets its
         history on demand. The real server's watch cache keeps every event since it started
         (checked: a watch from resourceVersion 1 replays, even after etcd is compacted), so the
-        real control plane must offer `expire_watch_history()` (e.g. etcd compacted with the watch
-        cache off) for this to run there."""
+        session's real control plane serves pod watches from etcd and compacts it
+        (`RealControlPlane.expire_watch_history`)."""
         if self.sandbox is not None:
             old = str(self.sandbox.store.rv)
             await self.call(client.CoreV1Api(self.api).create_namespace, {"metadata": {"generateName": "expire-"}})
