@@ -550,6 +550,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     logging.basicConfig(level=logging.INFO if opts.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # The API server restarts on purpose: the client's retry warnings would drown the report.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     try:
         report = asyncio.run(soak(opts, sys.stdout))
     except KeyboardInterrupt:

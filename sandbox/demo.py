@@ -458,6 +458,12 @@ async def run_policy(
                 print(f"\n   stack left running. kubeconfig: {box.kubeconfig}", file=out)
                 print(f"   try: {box.kubectl} --kubeconfig {box.kubeconfig} get nodes,nodegpustates,pods", file=out)
                 print("   pods you apply are scheduled through the extender and admitted by the nodes.", file=out)
+                tls = box.tls
+                print(
+                    f"   explain a pod: sharepack --kubeconfig {box.kubeconfig} explain POD --extender-url "
+                    f"{box.extender_url} --cert {tls.client_cert} --key {tls.client_key} --cacert {tls.ca_cert}",
+                    file=out,
+                )  # fmt: skip
                 print("   Ctrl-C to stop.", file=out)
                 await box.keep_serving()
             return placed, total_whole

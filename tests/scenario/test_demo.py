@@ -4,6 +4,7 @@ that it leaves nothing behind (no child processes, no sockets, no temp dirs)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import selectors
@@ -271,6 +272,15 @@ def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list
         assert re.search(r"^KIND:\s+Pod$", run("explain", "pods"), re.M)
         assert run("auth", "can-i", "create", "pods").strip() == "yes"
         assert re.search(r"\sScheduled\s+pod/user-pod\s", run("get", "events"), re.M)
+        # The explain command the demo prints, through the extender's mutual TLS.
+        printed_explain = re.search(r"explain a pod: sharepack (.*)$", out, re.M)
+        assert printed_explain, out
+        args = printed_explain.group(1).replace(" POD ", " user-pod ").split()
+        explained = subprocess.run(
+            [sys.executable, "-m", "cli", *args, "-o", "json"], capture_output=True, text=True, timeout=60
+        )  # fmt: skip
+        assert explained.returncode == 0, explained.stderr
+        assert json.loads(explained.stdout)["boundTo"] == "node-0"
     assert processes_mentioning([root]), "the stack is not running: the checks below see nothing"
 
     os.killpg(proc.pid, signal.SIGINT)
