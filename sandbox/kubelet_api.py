@@ -108,6 +108,7 @@ class KubeletApi:
         self._lock = asyncio.Lock()
         self.rejected: dict[str, str] = {}  # pod UID -> admission error
         self._unreported: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}  # uid -> (meta, status)
+        self._undeleted: dict[str, Mapping[str, Any]] = {}  # uid -> meta of a deletion to finish
         self.pods_seen = asyncio.Event()  # set after the first list of this node's pods
 
     # -- the Node --------------------------------------------------------------------------
@@ -206,6 +207,10 @@ class KubeletApi:
                 with contextlib.suppress(*TRANSIENT_API_ERRORS):
                     await self._report(meta, status)
                     self._unreported.pop(uid, None)
+            for uid, meta in list(self._undeleted.items()):
+                with contextlib.suppress(*TRANSIENT_API_ERRORS):
+                    await self._finish_deletion(meta)
+                    self._undeleted.pop(uid, None)
 
     async def _lease_loop(self) -> None:
         while True:
@@ -222,10 +227,14 @@ class KubeletApi:
         if kind == "DELETED" or phase in TERMINAL:
             await self.kubelet.remove_pod(uid)
             self._unreported.pop(uid, None)
+            self._undeleted.pop(uid, None)
             return
         if meta.get("deletionTimestamp"):
             await self.kubelet.remove_pod(uid)
-            await self._finish_deletion(meta)
+            try:
+                await self._finish_deletion(meta)
+            except TRANSIENT_API_ERRORS:  # the API is away: the status loop finishes it later
+                self._undeleted[uid] = meta
             return
         await self.admit(pod)
 
