@@ -553,10 +553,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The API server restarts on purpose: the client's retry warnings would drown the report.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     try:
-        report = asyncio.run(soak(opts, sys.stdout))
+        report = asyncio.run(demo.cancelled_by_sigterm(soak(opts, sys.stdout)))
     except KeyboardInterrupt:
         print("\ninterrupted: soak stopped", file=sys.stderr)
         return 130
+    except asyncio.CancelledError:  # SIGTERM
+        print("\nterminated: soak stopped", file=sys.stderr)
+        return 143
     except demo.DemoError as e:
         print(f"sharepack-chaos: {e}", file=sys.stderr)
         return 1

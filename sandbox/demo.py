@@ -21,10 +21,10 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import aiohttp
 import kubernetes
@@ -45,6 +45,7 @@ from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 from sandbox.tcpproxy import RoundRobinProxy
 
 log = logging.getLogger("sandbox.demo")
+T = TypeVar("T")
 
 DEFAULT_MACHINE = "t4-pcie"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
@@ -506,13 +507,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def amain(opts: argparse.Namespace, out: TextIO) -> int:
-    # SIGTERM (kill, timeout, a CI runner) stops the stack as Ctrl-C does: without this the
-    # interpreter dies at once and the agents and the extender live on as orphans.
+    return await cancelled_by_sigterm(_amain(opts, out))
+
+
+async def cancelled_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
+    """`work`, cancelled by SIGTERM (kill, timeout, a CI runner) as Ctrl-C cancels it, so the
+    stack is stopped and its temp dirs go: without this the interpreter dies at once."""
     loop, main_task = asyncio.get_running_loop(), asyncio.current_task()
     assert main_task is not None
     loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
     try:
-        return await _amain(opts, out)
+        return await work
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
 
