@@ -172,15 +172,23 @@ class Extender:
             except (BindError, RequestError) as e:
                 log.warning("bind: pod %s/%s not counted until its agent reports it: %s",
                             args.pod_namespace, args.pod_name, e)  # fmt: skip
+        # Counted on its node before the Binding is written, as kube-scheduler assumes before it
+        # binds: a filter for the next pod that arrives while the write is in flight sees it,
+        # and concurrent binds to one node are predicted in the order they arrived.
+        uid = args.pod_uid or (pod.uid if pod is not None else "")
+        assumed_now = False
+        if pod is not None and not pod.empty and uid not in self.view.assumed:
+            self.view.assume(uid, args.node, pod)
+            assumed_now = uid in self.view.assumed
         try:
             await self.binder.bind(args)
         except BindError as e:
+            if assumed_now:
+                self.view.forget_pod(uid)  # not bound: nothing holds those devices
             m.binds["error"] += 1
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
         m.binds["success"] += 1
-        if pod is not None and not pod.empty:
-            self.view.assume(args.pod_uid or pod.uid, args.node, pod)
         return self._json(protocol.encode_binding_result())
 
     # -- health ----------------------------------------------------------------------------
