@@ -11,6 +11,10 @@ Then, in the same run, two phases on the same empty cluster:
   (the extender's filter, prioritize and bind; `percentageOfNodesToScore: 100`);
 * **without**: the same file without its `extenders` stanza (the default plugins only).
 
+In both, kube-scheduler's client rate limit is raised to 5,000 QPS as scheduler_perf raises it
+(`--client-qps`; as shipped it is 50 QPS, which caps binds and their events without the extender
+but not the binds the extender makes with its own client).
+
 Each phase creates P GPU pods whose shapes (GPUs, share, CPU, memory) are drawn with a fixed
 seed from the default Alibaba trace's GPU pods, as fast as the API server takes them, and
 measures as Kubernetes' scheduler_perf does: pods bound per second from the first create to
@@ -52,6 +56,7 @@ RESOURCE = "nvidia.com/gpu.shared"
 SEED = 7
 TIMEOUT_S = 1800.0
 PHASES = (("with", True), ("without", False))
+CLIENT_QPS = 5000  # kube-scheduler's API rate limit in both phases, as scheduler_perf sets it
 
 
 def pod_mix(count: int, replicas: int, seed: int = SEED, prefix: str = "pod") -> list[dict[str, Any]]:
@@ -72,10 +77,12 @@ def pod_mix(count: int, replicas: int, seed: int = SEED, prefix: str = "pod") ->
     return out
 
 
-async def phase(cluster: ScaleCluster, name: str, with_extender: bool, pods: list[dict[str, Any]]) -> dict[str, Any]:
+async def phase(
+    cluster: ScaleCluster, name: str, with_extender: bool, pods: list[dict[str, Any]], client_qps: int
+) -> dict[str, Any]:
     assert cluster.extender is not None and cluster.extender.proc is not None
     extender_pid = cluster.extender.proc.pid
-    scheduler_pid = await cluster.start_scheduler(with_extender=with_extender)
+    scheduler_pid = await cluster.start_scheduler(with_extender=with_extender, client_qps=client_qps)
     cluster.say(f"[{name}] kube-scheduler leads; creating {len(pods)} pods")
     extender_before = await cluster.extender_metrics()
     cpu_before = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
@@ -126,7 +133,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results: dict[str, Any] = {"nodes": args.nodes, "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}}
         for name, with_extender in PHASES:
             pods = pod_mix(args.pods, args.replicas, prefix=name)
-            results[name] = await phase(cluster, name, with_extender, pods)
+            results[name] = await phase(cluster, name, with_extender, pods, args.client_qps)
     return results
 
 
@@ -166,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=10, help="time-slicing replicas per GPU (default 10)")
     p.add_argument("--policy", default="packed", help="the agents' allocation policy (default packed)")
     p.add_argument("--node-policy", default="packed", help="the extender's --node-policy (default packed)")
+    p.add_argument("--client-qps", type=int, default=CLIENT_QPS,
+                   help="kube-scheduler's API QPS and burst in both phases (default %(default)s, as scheduler_perf; 0: as shipped, 50)")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     p.add_argument("--extender-profile", type=Path, help="run the extender under cProfile, stats to this file")
     args = p.parse_args(argv)

@@ -30,7 +30,7 @@ from common import fragmentation
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
-from extender.binding import ApiBinder, Binder
+from extender.binding import BIND_CONCURRENCY, ApiBinder, Binder
 from extender.caches import ClusterView, Informer, pod_handler, state_handler
 from extender.metrics import Metrics
 from extender.server import DEFAULT_MAX_BODY_BYTES, Extender
@@ -185,16 +185,21 @@ def api_client(opts: Options) -> Any | None:
     """A kubernetes ApiClient, or None when there is no API to talk to."""
     from kubernetes import client, config
 
+    conf = client.Configuration()
     if opts.kubeconfig:
-        return config.new_client_from_config(config_file=opts.kubeconfig)  # type: ignore[no-untyped-call]
-    if opts.in_cluster:
+        config.load_kube_config(config_file=opts.kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
+    elif opts.in_cluster:
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
         except config.ConfigException as e:
             log.warning("no Kubernetes API (%s): every node is unknown and /bind is off", e)
             return None
-        return client.ApiClient()
-    return None
+    else:
+        return None
+    # One connection per bind thread, plus the informers' watches: a smaller pool would open
+    # and discard connections (with a warning each) under a burst of binds.
+    conf.connection_pool_maxsize = BIND_CONCURRENCY + 4
+    return client.ApiClient(conf)
 
 
 class Service:

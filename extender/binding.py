@@ -1,17 +1,26 @@
 """Creating Bindings (and reading a pod /bind did not see) through the Kubernetes API.
 
-The kubernetes client blocks, so each call runs in a worker thread. Only /bind calls the API;
-/filter and /prioritize never do.
+The kubernetes client blocks, so each call runs in a worker thread of the binder's own pool
+(`BIND_CONCURRENCY` threads: asyncio's default executor has cpu + 4, which on a small node lets
+a burst of binds queue behind a slow API server and caps the scheduler's rate; the client's
+connection pool must be as large, see `extender.__main__.api_client`). Only /bind calls the
+API; /filter and /prioritize never do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import orjson
 
 from extender.protocol import BindingArgs
+
+
+BIND_CONCURRENCY = 32  # API calls /bind keeps in flight at once
 
 
 class BindError(Exception):
@@ -42,6 +51,10 @@ class ApiBinder:
 
         self._core = client.CoreV1Api(api_client)
         self._timeout = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=BIND_CONCURRENCY, thread_name_prefix="sharepack-bind")
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     async def bind(self, args: BindingArgs) -> None:
         body: Any = {
@@ -55,7 +68,7 @@ class ApiBinder:
         try:
             # _preload_content=False: the client cannot deserialise the Status a binding
             # create answers with into a V1Binding.
-            await asyncio.to_thread(
+            await self._call(
                 self._core.create_namespaced_pod_binding,
                 args.pod_name,
                 args.pod_namespace,
@@ -71,7 +84,7 @@ class ApiBinder:
 
     async def get_pod(self, namespace: str, name: str) -> Any:
         try:
-            resp: Any = await asyncio.to_thread(
+            resp: Any = await self._call(
                 self._core.read_namespaced_pod,
                 name,
                 namespace,

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "scale"
 EXTENDER_READY_TIMEOUT_S = 300.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+LE = re.compile(r'[{,]le="([^"]*)"')
 
 
 def cpu_seconds(pid: int) -> float:
@@ -45,11 +47,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def without_extenders(source: Path = controlplane.SCHEDULER_CONFIG) -> dict[str, Any]:
-    """deploy/'s KubeSchedulerConfiguration with the extenders stanza removed: the default
-    plugins only, everything else (percentageOfNodesToScore) as shipped."""
+def scheduler_config(*, with_extender: bool, client_qps: int = 0, source: Path = controlplane.SCHEDULER_CONFIG) -> dict[str, Any]:
+    """deploy/'s KubeSchedulerConfiguration, or (`with_extender` false) the same without its
+    extenders stanza: the default plugins only, everything else (percentageOfNodesToScore) as
+    shipped. `client_qps` > 0 raises kube-scheduler's API rate limit (default 50 QPS, burst
+    100) to that QPS and burst, as Kubernetes' scheduler_perf does, so binding and its events
+    do not cap the rate measured."""
     doc: dict[str, Any] = yaml.safe_load(source.read_text())
-    doc.pop("extenders", None)
+    if not with_extender:
+        doc.pop("extenders", None)
+    if client_qps > 0:
+        doc.setdefault("clientConnection", {}).update({"qps": client_qps, "burst": client_qps})
     return doc
 
 
@@ -169,10 +177,10 @@ class Histogram:
 def histogram(samples: Mapping[str, float], name: str, labels: Mapping[str, str] | None = None) -> Histogram | None:
     """One histogram out of `extender.metrics.parse_text` samples, summed over the label sets
     that match `labels`."""
-    want = [f'{k}="{v}"' for k, v in (labels or {}).items()]
+    want = [re.compile(rf'[{{,]{re.escape(k)}="{re.escape(v)}"') for k, v in (labels or {}).items()]
 
     def matches(key: str) -> bool:
-        return all(w in key for w in want)
+        return all(w.search(key) for w in want)
 
     buckets: dict[float, float] = {}
     total = count = 0.0
@@ -181,7 +189,10 @@ def histogram(samples: Mapping[str, float], name: str, labels: Mapping[str, str]
         if not matches(key):
             continue
         if key.startswith(name + "_bucket{"):
-            le = key.split('le="', 1)[1].split('"', 1)[0]
+            found_le = LE.search(key)
+            if found_le is None:
+                continue
+            le = found_le.group(1)
             bound = float("inf") if le == "+Inf" else float(le)
             buckets[bound] = buckets.get(bound, 0.0) + value
             found = True
@@ -328,13 +339,13 @@ class ScaleCluster:
 
     # -- kube-scheduler ------------------------------------------------------------------------
 
-    async def start_scheduler(self, *, with_extender: bool) -> int:
-        """kube-scheduler as deploy/ configures it, or without its extenders stanza; its pid."""
+    async def start_scheduler(self, *, with_extender: bool, client_qps: int = 0) -> int:
+        """kube-scheduler as deploy/ configures it, or without its extenders stanza
+        (`scheduler_config`); its pid."""
         assert self.control is not None
-        source = controlplane.SCHEDULER_CONFIG
-        if not with_extender:
-            source = self.workdir / "kube-scheduler-no-extender.yaml"
-            source.write_text(yaml.safe_dump(without_extenders(), sort_keys=False))
+        source = self.workdir / f"kube-scheduler-{'with' if with_extender else 'without'}-extender.yaml"
+        doc = scheduler_config(with_extender=with_extender, client_qps=client_qps)
+        source.write_text(yaml.safe_dump(doc, sort_keys=False))
         await self.control.start_scheduler(self.extender_url, source=source, serve_metrics=True)
         assert self.control.scheduler is not None and self.control.scheduler.proc is not None
         return self.control.scheduler.proc.pid
