@@ -72,7 +72,7 @@ class NodeShape:
 
 
 def synthetic_shapes(
-    count: int, *, gpus: int = 8, product: str = "A100", cpu_milli: int = 96_000, memory_mib: int = 786_432,
+    count: int, *, gpus: int = 8, product: str = "A100", cpu_milli: int = 128_000, memory_mib: int = 1_048_576,
     prefix: str = "sim-node",
 ) -> list[NodeShape]:  # fmt: skip
     return [NodeShape(f"{prefix}-{i:05d}", gpus, product, cpu_milli, memory_mib) for i in range(count)]
