@@ -196,7 +196,7 @@ class Fleet:
         self._node_uids: dict[str, str] = {}
         self._dirty: set[str] = set()
         self._running: dict[str, dict[str, Any]] = {}  # uid -> pod to mark Running
-        self._deletes: list[Awaitable[Any]] = []  # graceful deletions to complete
+        self._deletes: list[tuple[str, dict[str, Any]]] = []  # graceful deletions to complete
         self._wake = asyncio.Event()
         self._written: dict[str, tuple[NodeState, float]] = {}  # node -> last state, when
         self._handled: dict[str, str] = {}  # pod uid -> node (admitted or rejected)
@@ -322,7 +322,7 @@ class Fleet:
     def _spawn_delete(self, meta: Mapping[str, Any]) -> None:
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta.get("uid")}}
-        self._deletes.append(self._call("DELETE", path, body, ok=(404, 409)))
+        self._deletes.append((path, body))
         self._wake.set()
 
     async def _write_loop(self) -> None:
@@ -337,7 +337,7 @@ class Fleet:
             deletes, self._deletes = self._deletes, []
             calls: list[Awaitable[Any]] = [self._write_state(n) for n in dirty if self.nodes[n].resources]
             calls += [self._pod_status(p) for p in running.values()]
-            calls += deletes
+            calls += [self._call("DELETE", path, body, ok=(404, 409)) for path, body in deletes]
             try:
                 await self._gather(calls)
             except* (WatchError, OSError) as failed:
