@@ -197,12 +197,14 @@ class Fleet:
         self._dirty: set[str] = set()
         self._running: dict[str, dict[str, Any]] = {}  # uid -> pod to mark Running
         self._deletes: list[tuple[str, dict[str, Any]]] = []  # graceful deletions to complete
+        self._beats: set[str] = set()  # nodes due a heartbeat rewrite (not pod-driven: `settled` ignores them)
         self._wake = asyncio.Event()
         self._written: dict[str, tuple[NodeState, float]] = {}  # node -> last state, when
         self._handled: dict[str, str] = {}  # pod uid -> node (admitted or rejected)
         self.rejected: dict[str, str] = {}  # pod uid -> why
         self.writes = 0
-        self.idle = asyncio.Event()  # set when nothing is left to write
+        self.idle = asyncio.Event()  # set when no pod-driven write is left
+        self.idle.set()
 
     # -- API calls ------------------------------------------------------------------------
 
@@ -327,15 +329,15 @@ class Fleet:
 
     async def _write_loop(self) -> None:
         while True:
-            if not (self._dirty or self._running or self._deletes):
-                self.idle.set()
+            if not (self._dirty or self._running or self._deletes or self._beats):
                 self._wake.clear()
                 await self._wake.wait()
             await asyncio.sleep(DEBOUNCE_S)  # let a burst of binds collect into one batch
             dirty, self._dirty = self._dirty, set()
+            beats, self._beats = self._beats - dirty, set()
             running, self._running = self._running, {}
             deletes, self._deletes = self._deletes, []
-            calls: list[Awaitable[Any]] = [self._write_state(n) for n in dirty if self.nodes[n].resources]
+            calls: list[Awaitable[Any]] = [self._write_state(n) for n in dirty | beats if self.nodes[n].resources]
             calls += [self._pod_status(p) for p in running.values()]
             calls += [self._call("DELETE", path, body, ok=(404, 409)) for path, body in deletes]
             try:
@@ -343,7 +345,10 @@ class Fleet:
             except* (WatchError, OSError) as failed:
                 log.warning("fleet: %d write(s) failed, retrying the nodes: %s", len(failed.exceptions), failed.exceptions[0])
                 self._dirty |= dirty
+                self._beats |= beats
                 await asyncio.sleep(0.5)
+            if not (self._dirty or self._running or self._deletes):
+                self.idle.set()
 
     async def _pod_status(self, pod: Mapping[str, Any]) -> None:
         meta = pod["metadata"]
@@ -364,15 +369,16 @@ class Fleet:
             horizon = time.monotonic() - self.heartbeat_s * 0.9
             old = [n for n, (_, at) in self._written.items() if at < horizon]
             if old:
-                self._dirty.update(old)
-                self._mark(old[0])
+                self._beats.update(old)
+                self._wake.set()
 
     async def settled(self, timeout: float = 120.0) -> None:
-        """Wait until every admitted pod is published and no write is pending."""
+        """Wait until every admitted or removed pod is published and marked, heartbeats aside
+        (on thousands of nodes they never stop)."""
         async with asyncio.timeout(timeout):
             while True:
                 await self.idle.wait()
-                if not (self._dirty or self._running):
+                if not (self._dirty or self._running or self._deletes):
                     return
                 await asyncio.sleep(DEBOUNCE_S)
 

@@ -117,3 +117,17 @@ async def test_nodes_advertise_the_agents_resources_and_are_ready(api: ApiSessio
         assert ngs["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
     finally:
         await stop(task)
+
+
+async def test_heartbeats_rewrite_every_state_and_never_hold_up_settling(api: ApiSession) -> None:
+    fleet = Fleet(api, synthetic_shapes(3, gpus=2), replicas=REPLICAS, heartbeat_s=0.2)
+    await fleet.register()
+    task = asyncio.create_task(fleet.run(), name="fleet")
+    try:
+        first = {n: (await api.get(f"{NGS}/{n}"))["status"]["observedAt"] for n in fleet.nodes}
+        await bind(api, "p0", "sim-node-00000", 1)
+        await asyncio.wait_for(fleet.settled(), 10)  # while heartbeats keep going
+        assert fleet.published("sim-node-00000") is not None
+        await until(api, f"{NGS}/sim-node-00002", lambda o: o["status"]["observedAt"] != first["sim-node-00002"])
+    finally:
+        await stop(task)
