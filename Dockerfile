@@ -5,9 +5,13 @@ COPY pyproject.toml README.md ./
 COPY common common
 COPY agent agent
 COPY extender extender
+COPY kube kube
+COPY cli cli
 COPY proto proto
 COPY sandbox sandbox
 COPY tracesim tracesim
+# The lean set: no extras, so no numpy or matplotlib (only sharepack-simulate needs them, with
+# `sharepack[sim]`); tests/static/test_lean_install.py checks the two processes import neither.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

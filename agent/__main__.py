@@ -25,9 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import nvml, nvmlsim, options, reloading
+from agent import monitoring, nvml, nvmlsim, options, reloading
 from agent.errors import OptionsError
 from agent.health import XidPolicy
+from agent.metrics import AgentMetrics
 from agent.running import Agent, Settings
 from common.config import Config, load_config
 from common.errors import ConfigError, SharepackError
@@ -98,6 +99,23 @@ def config_loader(opts: options.Options) -> Callable[[], Config]:
 
 
 async def serve(opts: options.Options, config: Config) -> int:
+    metrics = AgentMetrics()
+    monitor = monitoring.MonitoringServer(metrics, *opts.metrics_listen)
+    try:
+        await monitor.start()
+    except OSError as e:  # address in use, unknown host: say so instead of a traceback
+        log.error("cannot start: cannot serve on --metrics-listen %s:%d: %s",
+                  *opts.metrics_listen, e.strerror or e)  # fmt: skip
+        return 1
+    try:
+        return await _serve(opts, config, metrics, monitor)
+    finally:
+        await monitor.stop()
+
+
+async def _serve(
+    opts: options.Options, config: Config, metrics: AgentMetrics, monitor: monitoring.MonitoringServer
+) -> int:
     loop = asyncio.get_running_loop()
     try:
         lib = await asyncio.to_thread(
@@ -111,13 +129,16 @@ async def serve(opts: options.Options, config: Config) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.error("cannot start: %s; failOnInitError is false, so serving nothing until stopped", e)
+        # Nothing to register, so nothing to wait for: a node without a driver stays Ready.
+        why = f"serving no GPUs: {e}"  # `e` is unbound once the except block ends
+        monitor.readiness = lambda: (True, why)
         await stop.wait()
         return 0
     try:
         inventory = await asyncio.to_thread(nvml.read_inventory, lib)
         watcher = await asyncio.to_thread(nvml.XidWatcher, lib)
         try:
-            return await _serve_inventory(opts, config, inventory, watcher)
+            return await _serve_inventory(opts, config, inventory, watcher, metrics, monitor)
         finally:
             watcher.close()  # the XID task has let its last wait finish before it stopped
     finally:
@@ -125,7 +146,12 @@ async def serve(opts: options.Options, config: Config) -> int:
 
 
 async def _serve_inventory(
-    opts: options.Options, config: Config, inventory: Inventory, watcher: nvml.XidWatcher
+    opts: options.Options,
+    config: Config,
+    inventory: Inventory,
+    watcher: nvml.XidWatcher,
+    metrics: AgentMetrics,
+    monitor: monitoring.MonitoringServer,
 ) -> int:
     loop = asyncio.get_running_loop()
     for uuid, why in watcher.unwatched.items():
@@ -140,7 +166,8 @@ async def _serve_inventory(
         recovery_after_s=opts.unhealthy_recovery_s,
     )
     reloader = reloading.ConfigReloader(config_loader(opts))
-    agent = Agent(settings, config, inventory, wait_for_xid=watcher.wait, config_loader=reloader)
+    agent = Agent(settings, config, inventory, wait_for_xid=watcher.wait, config_loader=reloader, metrics=metrics)
+    monitor.readiness = agent.readiness
     stops = 0
 
     def on_stop(signum: int) -> None:
@@ -206,7 +233,7 @@ async def publication(
         settings=publishing.PublishSettings(
             heartbeat_s=opts.state_heartbeat_s, min_interval_s=opts.state_min_write_interval_s
         ),
-        config_source=source, reloader=reloader,
+        config_source=source, reloader=reloader, metrics=agent.metrics,
     )
 
 

@@ -29,7 +29,8 @@ from typing import Protocol
 
 from kubernetes.aio import client as kclient
 
-from agent.kubewatching import Key, Obj, Reflector
+from kube.reflecting import Key, Obj, Reflector
+from agent.metrics import FAILURE, SUCCESS, AgentMetrics
 from agent.tasks import Supervisor
 from common.config import DEFAULT_CONFIG_NAME, NODE_CONFIG_LABEL, Config, load_named_config
 from common.errors import ConfigError, ResourceError
@@ -64,7 +65,16 @@ def _effective(config: Config) -> dict[str, object]:
 
 
 class ConfigWatcher:
-    def __init__(self, agent: ConfigTarget, api: kclient.ApiClient, node_name: str, source: ConfigSource) -> None:
+    def __init__(
+        self,
+        agent: ConfigTarget,
+        api: kclient.ApiClient,
+        node_name: str,
+        source: ConfigSource,
+        *,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self._reloads = (metrics or AgentMetrics()).config_reloads
         self.agent = agent
         self.node_name = node_name
         self.source = source
@@ -189,6 +199,7 @@ class ConfigWatcher:
             await self._reject(f"config {name} from {where} could not be applied: {e}")
             return
         self.applied = (name, configs[name])
+        self._reloads.labels("configmap", SUCCESS).inc()
         log.info("applied named config %s from %s", name, where, extra={"config": name})
         for warning in config.warnings:
             log.warning("config %s: %s", name, warning)
@@ -198,6 +209,7 @@ class ConfigWatcher:
 
     async def _reject(self, problem: str) -> None:
         self.rejected.append(problem)
+        self._reloads.labels("configmap", FAILURE).inc()
         log.error("%s; keeping the config in use", problem)
         await self._event("Warning", "InvalidConfig", f"{problem}; keeping the config in use")
 

@@ -20,11 +20,15 @@ from pathlib import Path
 from types import MappingProxyType
 
 from agent.errors import OptionsError
+from common import addresses
 from common import config as configs
 
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LOG_FORMATS = ("text", "json")
+# The port deploy/ names `metrics` (probes, NetworkPolicy, scrape config); the pod has its own
+# network namespace, so it cannot clash with a host service on the same port.
+DEFAULT_METRICS_LISTEN = "0.0.0.0:9400"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,8 @@ _PROCESS = (
              "NAMESPACE/NAME of a ConfigMap of named config files; the node label "
              "nvidia.com/device-plugin.config picks one, applied live"),
     _Process("log-format", "LOG_FORMAT", "text", "text or json"),
+    _Process("metrics-listen", "SHAREPACK_METRICS_LISTEN", DEFAULT_METRICS_LISTEN,
+             "HOST:PORT of the HTTP endpoint: /metrics (Prometheus), /healthz, /readyz"),
     _Process("unhealthy-recovery-seconds", "SHAREPACK_UNHEALTHY_RECOVERY_SECONDS", "0",
              "a device with no critical XID for this long becomes healthy again (0: never)"),
     _Process("state-heartbeat-seconds", "SHAREPACK_STATE_HEARTBEAT_SECONDS", "60",
@@ -90,6 +96,7 @@ class Options:
     node_config_configmap: tuple[str, str] | None = None  # (namespace, name)
     state_heartbeat_s: float = 60.0  # 0: write only on change
     state_min_write_interval_s: float = 0.5
+    metrics_listen: tuple[str, int] = addresses.listen_address(DEFAULT_METRICS_LISTEN, flag="--metrics-listen")
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -156,6 +163,12 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
                 f"invalid --node-config-configmap option: {raw_configmap} (from {origin}; want NAMESPACE/NAME)"
             )
         configmap = (namespace, name)
+    raw_listen, origin = process("metrics-listen")
+    assert raw_listen is not None  # it has a default
+    try:
+        metrics_listen = addresses.listen_address(raw_listen, flag="--metrics-listen")
+    except ValueError as e:
+        raise OptionsError(f"{e} (from {origin})") from None
     kubelet_socket, _ = process("kubelet-socket")
     pod_resources, _ = process("pod-resources-socket")
     assert kubelet_socket is not None and pod_resources is not None  # they have defaults
@@ -175,5 +188,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         node_config_configmap=configmap,
         state_heartbeat_s=heartbeat,
         state_min_write_interval_s=min_write_interval,
+        metrics_listen=metrics_listen,
         env=MappingProxyType(dict(env)),
     )

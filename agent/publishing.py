@@ -51,7 +51,8 @@ import aiohttp
 from kubernetes.aio import client as kclient
 
 from agent import configwatching
-from agent.kubewatching import Key, Obj, Reflector
+from kube.reflecting import Key, Obj, Reflector
+from agent.metrics import AgentMetrics
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.reloading import ConfigReloader
 from agent.running import Snapshot
@@ -157,16 +158,29 @@ class Publisher:
         settings: PublishSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.agent = agent
         self.node_name = node_name
+        self.metrics = metrics or AgentMetrics()
         self.settings = settings or PublishSettings()
         self._custom = kclient.CustomObjectsApi(api)
         self._core = kclient.CoreV1Api(api)
         self._pod_resources = pod_resources
         self._clock = clock
         self.pods = PodIndex(api, node_name, self._mark_dirty_and_poll)
+        self._resync_now = False
+        self._own_object = Reflector(
+            functools.partial(
+                self._custom.list_cluster_custom_object_without_preload_content,
+                schema.GROUP, schema.VERSION, schema.PLURAL, field_selector=f"metadata.name={node_name}",
+            ),
+            what=f"NodeGpuState {node_name}",
+            on_change=lambda _cache: None,
+            on_event=self._own_object_event,
+        )
         self._dirty = asyncio.Event()
+        self._dirty_since: float | None = None  # clock() of the first change not yet written
         self._kick = asyncio.Event()
         self._listed = asyncio.Event()
         self._listing: tuple[statebuilding.PodDevices, ...] = ()
@@ -182,8 +196,13 @@ class Publisher:
 
     # -- signals ---------------------------------------------------------------------------
 
-    def _mark_dirty_and_poll(self) -> None:
+    def _mark_dirty(self) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = self._clock()
         self._dirty.set()
+
+    def _mark_dirty_and_poll(self) -> None:
+        self._mark_dirty()
         self._kick.set()
 
     # -- the state -------------------------------------------------------------------------
@@ -222,9 +241,20 @@ class Publisher:
 
     # -- tasks -----------------------------------------------------------------------------
 
+    def _own_object_event(self, kind: str, obj: Obj) -> None:
+        """Someone deleted our NodeGpuState, or wrote a status we did not: read it back and
+        rewrite it now rather than at the next resync (a scheduler would trust it meanwhile)."""
+        if kind == "DELETED" or (
+            self.published is not None
+            and not _same_status(obj.get("status"), statebuilding.status_document(self.published))
+        ):
+            self._resync_now = True
+            self._dirty.set()
+
     async def run(self) -> None:
         tasks = Supervisor(f"publisher {self.node_name}")
         tasks.spawn("publish:pods-watch", self.pods.run())
+        tasks.spawn("publish:own-object-watch", self._own_object.run())
         tasks.spawn("publish:agent-follow", self._follow_agent())
         tasks.spawn("publish:podresources-poll", self._poll_pod_resources())
         tasks.spawn("publish:write", self._write_forever())
@@ -274,7 +304,7 @@ class Publisher:
             )
             self._listed.set()
             if changed or pending:
-                self._dirty.set()
+                self._mark_dirty()
 
     async def _write_forever(self) -> None:
         s = self.settings
@@ -282,6 +312,7 @@ class Publisher:
         # without UIDs before the first list of pods (without the API we cannot write anyway).
         await self._listed.wait()
         await self.pods.reflector.synced.wait()
+        self._dirty_since = None  # the first write publishes the start, not a change: not timed
         last_write = float("-inf")
         last_resync = self._clock()
         while True:
@@ -294,8 +325,8 @@ class Publisher:
                 await asyncio.sleep(wait)
             self._dirty.clear()
             now = self._clock()
-            if now >= last_resync + s.resync_s:
-                last_resync = now
+            if now >= last_resync + s.resync_s or self._resync_now:
+                last_resync, self._resync_now = now, False
                 await self._resync()
             heartbeat = s.heartbeat_s > 0 and now >= self._published_at + s.heartbeat_s
             if await self._publish_until_done(heartbeat=heartbeat):
@@ -326,12 +357,18 @@ class Publisher:
         in any case, to refresh `observedAt`); retry until done."""
         backoff = 0.0
         stale_retried = False
+        since: float | None = None  # the oldest change the state written includes
         while True:
+            # Every change marked so far is in the state read now; later ones mark anew.
+            since = self._dirty_since if since is None else since
+            self._dirty_since = None
             state = self.current_state()
             if not heartbeat and statebuilding.same_content(state, self.published):
                 return False
             try:
                 await self._write(state)
+                if since is not None:
+                    self.metrics.state_publish_delay.observe(self._clock() - since)
                 return True
             except kclient.ApiException as e:
                 if e.status in (404, 409) and not stale_retried:
@@ -348,6 +385,7 @@ class Publisher:
 
     async def _back_off(self, exc: BaseException, backoff: float) -> None:
         self.write_failures += 1
+        self.metrics.state_write_errors.inc()
         outage = is_api_outage(exc)
         log.log(
             logging.WARNING if outage else logging.ERROR,
@@ -386,6 +424,7 @@ class Publisher:
         self.published = state
         self._published_at = self._clock()
         self.writes += 1
+        self.metrics.state_writes.inc()
         log.debug("published NodeGpuState %s (write %d)", self.node_name, self.writes)
 
     async def _get_or_create(self) -> dict[str, Any]:
@@ -463,6 +502,7 @@ async def run_publication(
     settings: PublishSettings | None = None,
     config_source: configwatching.ConfigSource | None = None,
     reloader: ConfigReloader | None = None,
+    metrics: AgentMetrics | None = None,
 ) -> None:
     """Publish the node's NodeGpuState (and, with `config_source`, follow the per-node config)
     until cancelled. Meant to run as one supervised task next to `Agent.run()`; it raises only on
@@ -471,12 +511,13 @@ async def run_publication(
     `reloader` (the agent's SIGHUP config loader) follows the per-node config while it is
     watched, so SIGHUP re-applies the named config in charge rather than the file."""
     async with PodResourcesClient(pod_resources_socket) as pod_resources:
-        publisher = Publisher(agent, api, node_name, pod_resources, settings)
+        metrics = metrics or AgentMetrics()
+        publisher = Publisher(agent, api, node_name, pod_resources, settings, metrics=metrics)
         tasks = Supervisor(f"publication {node_name}")
         tasks.spawn("publication:publisher", publisher.run())
         watcher = None
         if config_source is not None:
-            watcher = configwatching.ConfigWatcher(agent, api, node_name, config_source)
+            watcher = configwatching.ConfigWatcher(agent, api, node_name, config_source, metrics=metrics)
             tasks.spawn("publication:config", watcher.run())
             if reloader is not None:
                 reloader.follow(watcher)

@@ -83,8 +83,10 @@ async def register_until_done(
     first_delay: float = 0.05,
     max_delay: float = 2.0,
     attempt_timeout: float = 5.0,
+    on_attempt: Callable[[bool], None] = lambda ok: None,
 ) -> None:
-    """Register, retrying with capped backoff: the kubelet may not be up yet (or restarting)."""
+    """Register, retrying with capped backoff: the kubelet may not be up yet (or restarting).
+    `on_attempt(ok)` hears of every attempt (the agent counts them)."""
     delay = first_delay
     attempt = 0
     while True:
@@ -92,11 +94,13 @@ async def register_until_done(
         try:
             await register(kubelet_socket, endpoint, resource_name, timeout=attempt_timeout)
         except RegistrationError as e:
+            on_attempt(False)
             level = logging.INFO if attempt == 1 else logging.WARNING
             log.log(level, "%s; retrying in %.2fs", e, delay, extra={"resource": resource_name})
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay)
         else:
+            on_attempt(True)
             log.info(
                 "registered %s with the kubelet as %s", resource_name, endpoint,
                 extra={"resource": resource_name, "attempts": attempt},

@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import health, registering, responses
+from agent import metrics as agent_metrics
 from agent.health import HealthBook, WaitForXid, XidLike, XidPolicy
+from agent.metrics import AgentMetrics
 from agent.responses import ContainerResponse, ResponseOptions
 from agent.serving import PluginServer
 from agent.tasks import Supervisor
@@ -115,7 +117,27 @@ class _ResourcePlugin:
             available, must_include, size,
         )
 
+    @property
+    def policy(self) -> str:
+        """The policy that picks this resource's devices (the `policy` label of allocations)."""
+        if self._resource.full_gpu:
+            return agent_metrics.TOPOLOGY
+        return str(self._agent.config.allocation_policy)
+
     def allocate(self, requested: Sequence[str]) -> ContainerResponse:
+        count = self._agent.metrics.allocations
+        try:
+            answer = self._allocate(requested)
+        except RequestError:
+            count.labels(self._resource.name, self.policy, agent_metrics.REJECTED).inc()
+            raise
+        except Exception:
+            count.labels(self._resource.name, self.policy, agent_metrics.ERROR).inc()
+            raise
+        count.labels(self._resource.name, self.policy, agent_metrics.SUCCESS).inc()
+        return answer
+
+    def _allocate(self, requested: Sequence[str]) -> ContainerResponse:
         try:
             requests.validate_allocate(
                 self._resource.name, requested, self._known,
@@ -144,8 +166,10 @@ class Agent:
         config_loader: Callable[[], Config] | None = None,
         clock: Callable[[], float] = time.monotonic,
         response_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics or AgentMetrics()
         self.inventory = inventory
         self.config = config
         self.resources: tuple[Resource, ...] = build_resources(inventory, config)
@@ -159,6 +183,7 @@ class Agent:
         self._book = HealthBook()
         self._allocations: collections.deque[Allocation] = collections.deque(maxlen=ALLOCATIONS_KEPT)
         self._servers: dict[str, PluginServer] = {}
+        self._registered: set[str] = set()  # resources registered since their server started
         self._lock = asyncio.Lock()
         self._tasks = Supervisor("agent")
         self._registrations = Supervisor("registrations")
@@ -199,16 +224,35 @@ class Agent:
         sick = self._book.unhealthy
         return frozenset(d.id for r in self.resources for d in r.devices if d.uuid in sick)
 
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why): ready once every resource served is registered with the kubelet."""
+        if self._stop_requested.is_set():
+            return False, "stopping"
+        waiting = sorted(r.name for r in self.resources if r.name not in self._registered)
+        if waiting:
+            return False, "not registered with the kubelet: " + ", ".join(waiting)
+        return True, f"{len(self.resources)} resource(s) registered"
+
     def server_sockets(self) -> dict[str, Path]:
         """Resource name -> socket path of the servers running now."""
         return {name: s.socket_path for name, s in self._servers.items()}
 
     def _notify(self) -> None:
+        self._export_health()
         self._version += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         for server in self._servers.values():
             server.notify()
+
+    def _export_health(self) -> None:
+        # On every change, not per scrape: a few hundred devices at most, and a scrape then
+        # reads what the kubelet was last told.
+        sick = self._book.unhealthy
+        gauge = self.metrics.unhealthy
+        gauge.clear()  # resources a reload removed go away
+        for r in self.resources:
+            gauge.labels(r.name).set(sum(1 for d in r.devices if d.uuid in sick))
 
     def _record_allocation(self, resource: str, device_ids: Sequence[str]) -> None:
         self._allocations.append(Allocation(resource, tuple(device_ids), self._clock()))
@@ -290,7 +334,7 @@ class Agent:
         """Serve every resource, then register each in the background (the kubelet may be away)."""
         for resource in self.resources:
             path = self.settings.plugin_dir / registering.socket_name(resource.name)
-            server = PluginServer(_ResourcePlugin(self, resource), path)
+            server = PluginServer(_ResourcePlugin(self, resource), path, metrics=self.metrics)
             await server.start()
             self._servers[resource.name] = server
         for server in self._servers.values():
@@ -299,20 +343,35 @@ class Agent:
     async def _register_in_background(self, server: PluginServer) -> None:
         name = f"register:{server.resource_name}"
         await self._registrations.cancel(name)
-        self._registrations.spawn(
-            name,
-            registering.register_until_done(
-                self.settings.kubelet_socket, server.endpoint, server.resource_name
-            ),
-            expect_return=True,
+        self._unregistered(server.resource_name)
+        self._registrations.spawn(name, self._register(server), expect_return=True)
+
+    async def _register(self, server: PluginServer) -> None:
+        resource = server.resource_name
+        attempts = self.metrics.registrations
+
+        def attempted(ok: bool) -> None:
+            attempts.labels(resource, agent_metrics.SUCCESS if ok else agent_metrics.FAILURE).inc()
+
+        await registering.register_until_done(
+            self.settings.kubelet_socket, server.endpoint, resource, on_attempt=attempted
         )
+        self._registered.add(resource)
+        self.metrics.registered.labels(resource).set(1)
+
+    def _unregistered(self, resource: str) -> None:
+        self._registered.discard(resource)
+        self.metrics.registered.labels(resource).set(0)
 
     async def _stop_servers(self, *, grace: float) -> None:
         servers = list(self._servers.values())
         self._servers.clear()
+        for resource in list(self._registered):
+            self._unregistered(resource)
         await asyncio.gather(*(s.stop(grace=grace) for s in servers))
 
     async def _restart_servers(self, reason: str) -> None:
+        self.metrics.kubelet_restarts.inc()
         async with self._lock:
             started = self._clock()
             await self._registrations.stop()
@@ -378,14 +437,18 @@ class Agent:
             await self.apply_config(config)
         except (ConfigError, ResourceError, OSError) as e:
             log.error("config reload failed, keeping the config in use: %s", e)
+            self.metrics.config_reloads.labels("sighup", agent_metrics.FAILURE).inc()
             return False
+        self.metrics.config_reloads.labels("sighup", agent_metrics.SUCCESS).inc()
         return True
 
     # ---- health ----------------------------------------------------------------------------
 
     def handle_xid(self, event: XidLike) -> None:
         where = event.uuid or "an unknown GPU"
-        if not self.settings.xid_policy.is_critical(event.xid):
+        critical = self.settings.xid_policy.is_critical(event.xid)
+        self.metrics.xids.labels(str(event.xid), "true" if critical else "false").inc()
+        if not critical:
             log.info("xid %d on %s ignored (not a device failure)", event.xid, where)
             return
         hit = health.affected_devices(event, self.resources, self._instances)

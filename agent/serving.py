@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import NoReturn, Protocol
@@ -18,6 +19,7 @@ import grpc
 
 from agent import registering
 from agent.errors import ServingError, grpc_status
+from agent.metrics import AgentMetrics
 from agent.responses import ContainerResponse
 from common.errors import SharepackError
 from common.resources import Device, Resource
@@ -102,28 +104,36 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(  # noqa: N802
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> api_pb2.PreferredAllocationResponse:
+        started = time.perf_counter()
         answers = []
-        for req in request.container_requests:
-            try:
-                chosen = self._logic.preferred(
-                    list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
-                )
-            except Exception as exc:  # noqa: BLE001 - mapped to a status code
-                await self._fail(context, "preferred allocation", exc)
-            answers.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
-        return api_pb2.PreferredAllocationResponse(container_responses=answers)
+        try:
+            for req in request.container_requests:
+                try:
+                    chosen = self._logic.preferred(
+                        list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
+                    )
+                except Exception as exc:  # noqa: BLE001 - mapped to a status code
+                    await self._fail(context, "preferred allocation", exc)
+                answers.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+            return api_pb2.PreferredAllocationResponse(container_responses=answers)
+        finally:
+            self._server.observe_preferred(time.perf_counter() - started)
 
     async def Allocate(  # noqa: N802
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
         answers = []
-        for req in request.container_requests:
-            try:
-                response = self._logic.allocate(list(req.devices_ids))
-            except Exception as exc:  # noqa: BLE001 - mapped to a status code
-                await self._fail(context, "allocate", exc)
-            answers.append(api_container_response(response))
-        return api_pb2.AllocateResponse(container_responses=answers)
+        try:
+            for req in request.container_requests:
+                try:
+                    response = self._logic.allocate(list(req.devices_ids))
+                except Exception as exc:  # noqa: BLE001 - mapped to a status code
+                    await self._fail(context, "allocate", exc)
+                answers.append(api_container_response(response))
+            return api_pb2.AllocateResponse(container_responses=answers)
+        finally:
+            self._server.observe_allocate(time.perf_counter() - started)
 
     async def PreStartContainer(  # noqa: N802
         self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[object, object]
@@ -134,9 +144,13 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
 class PluginServer:
     """A resource's DevicePlugin server: remove a stale socket, serve, dial ourselves."""
 
-    def __init__(self, logic: PluginLogic, socket_path: Path) -> None:
+    def __init__(self, logic: PluginLogic, socket_path: Path, *, metrics: AgentMetrics | None = None) -> None:
         self.logic = logic
         self.socket_path = socket_path
+        metrics = metrics or AgentMetrics()
+        name = logic.resource.name
+        self.observe_preferred = metrics.preferred_seconds.labels(name).observe
+        self.observe_allocate = metrics.allocate_seconds.labels(name).observe
         self.stopping = False
         self.wake = asyncio.Event()
         self._server: grpc.aio.Server | None = None

@@ -14,7 +14,10 @@ body kube-scheduler sends (a pending Pod + NodeNames) and times each round trip.
            every node is simulated (random usage, so no two nodes alike);
 * alike  — the same cold call on a cluster whose nodes follow 4 usage patterns (empty, full,
            half, a few replicas): alike nodes share one simulation (`ScoreTemplates`);
-* echo   — the decode-and-echo baseline; `ratio` = extender p99 / echo p99.
+* echo   — the decode-and-echo baseline; `ratio` = extender p99 / echo p99;
+* metrics — what the Prometheus metrics cost per request: warm prioritize through the app's own
+           route (request counter + latency histogram) and through the same handler without
+           them, the two called alternately so that load on the machine hits both alike.
 
 The caches are loaded through the same path as the watch (`ClusterView.replace_states`), then
 `gc.collect(); gc.freeze()` as the extender does once its caches are synced.
@@ -103,8 +106,10 @@ async def bench(n: int, calls: int) -> dict[str, float]:
     gc.collect()
     gc.freeze()
 
-    app = Extender(view).app()
+    extender = Extender(view)
+    app = extender.app()
     app.router.add_post("/echo", echo)
+    app.router.add_post("/unmetered/prioritize", extender.prioritize)  # the handler, no metrics
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -135,16 +140,23 @@ async def bench(n: int, calls: int) -> dict[str, float]:
 
             churn = await timed_posts(http, base + "/prioritize", body, calls, before=change_one)
             base_echo = await timed_posts(http, base + "/echo", body, calls)
+            metered, unmetered = [], []
+            for _ in range(calls):
+                metered += await timed_posts(http, base + "/prioritize", body, 1)
+                unmetered += await timed_posts(http, base + "/unmetered/prioritize", body, 1)
     finally:
         await runner.cleanup()
         await alike_runner.cleanup()
         gc.unfreeze()
-    for label, samples in (("warm", warm), ("churn", churn), ("echo", base_echo)):
+    pairs = (("warm", warm), ("churn", churn), ("echo", base_echo), ("metered", metered), ("unmetered", unmetered))
+    for label, samples in pairs:
         result[f"{label}_p50_ms"] = pct(samples, 0.50) * 1e3
         result[f"{label}_p99_ms"] = pct(samples, 0.99) * 1e3
         result[f"{label}_mean_ms"] = statistics.fmean(samples) * 1e3
     result["ratio_p50"] = result["warm_p50_ms"] / result["echo_p50_ms"]
     result["ratio_p99"] = result["warm_p99_ms"] / result["echo_p99_ms"]
+    result["metrics_p50"] = result["metered_p50_ms"] / result["unmetered_p50_ms"]
+    result["metrics_p99"] = result["metered_p99_ms"] / result["unmetered_p99_ms"]
     return result
 
 
@@ -160,6 +172,9 @@ def main() -> None:
         print(f"{n:>6} {r['body_kib']:>6.1f} {r['cold_ms']:>7.2f} {r['alike_ms']:>6.2f} | {r['warm_p50_ms']:>8.3f} {r['warm_p99_ms']:>7.3f} |"
               f" {r['churn_p50_ms']:>9.3f} {r['churn_p99_ms']:>7.3f} | {r['echo_p50_ms']:>8.3f} {r['echo_p99_ms']:>7.3f} |"
               f" {r['ratio_p50']:>9.2f} {r['ratio_p99']:>5.2f}", flush=True)  # fmt: skip
+        print(f"{'':>6} metrics: with p50 {r['metered_p50_ms']:.3f} p99 {r['metered_p99_ms']:.3f} |"
+              f" without p50 {r['unmetered_p50_ms']:.3f} p99 {r['unmetered_p99_ms']:.3f} |"
+              f" ratio p50 {r['metrics_p50']:.3f} p99 {r['metrics_p99']:.3f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

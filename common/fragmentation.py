@@ -21,7 +21,9 @@ trace simulator and the extender call the same code.
 
 Callers that know more about a node than its GPUs (CPU left, GPU model) pass `admitted`: a
 bit mask over the workload's shapes, bit i set when the node could run shape i apart from GPU
-room. The default admits every shape.
+room. The default admits every shape. Shapes may carry CPU and memory (`Shape.cpu`, `.memory`):
+`Fragmentation.admitted(cpu_left, memory_left)` is the mask of the shapes a node's CPU and
+memory still admit, so GPUs a node can no longer use for lack of CPU count as fragment.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class Shape:
     gpus: int  # GPUs per pod (0: a pod that needs no GPU)
     milli: int  # per-GPU share, 1..1000 milli-GPU (0 with gpus == 0)
     weight: float  # how often it occurs (any unit: counts keep sums exact)
+    # What the shape needs besides GPUs (milli-CPU, MiB; 0: nothing). A node whose CPU or
+    # memory left is short of it cannot run the shape, so its idle GPUs are fragment for it
+    # (FGD counts GPUs stranded by CPU so); see `Fragmentation.admitted`.
+    cpu: int = 0
+    memory: int = 0
 
     @property
     def needs_gpu(self) -> bool:
@@ -152,7 +159,7 @@ class Fragmentation:
     integer weights); the table is dropped when it grows past `max_entries`.
     """
 
-    __slots__ = ("workload", "total_weight", "_shapes", "_memo", "max_entries")
+    __slots__ = ("workload", "total_weight", "_shapes", "_memo", "max_entries", "_needs", "_admitted")
 
     def __init__(self, workload: TypicalWorkload, *, max_entries: int = 1 << 18) -> None:
         self.workload = workload
@@ -160,6 +167,23 @@ class Fragmentation:
         self._shapes = tuple((i, s.needs_gpu, s.gpus, s.milli, s.weight) for i, s in enumerate(workload.shapes))
         self._memo: dict[tuple[tuple[int, ...], int], float] = {}
         self.max_entries = max_entries
+        self._needs = tuple((i, s.cpu, s.memory) for i, s in enumerate(workload.shapes) if s.cpu or s.memory)
+        self._admitted: dict[tuple[int, int], int] = {}
+
+    def admitted(self, cpu_left: int, memory_left: int) -> int:
+        """The `admitted` mask of a node with `cpu_left` milli-CPU and `memory_left` MiB left:
+        every shape whose CPU and memory fit (shapes that need neither always do)."""
+        key = (cpu_left, memory_left)
+        mask = self._admitted.get(key)
+        if mask is None:
+            mask = ALL_ADMITTED
+            for i, cpu, memory in self._needs:
+                if cpu > cpu_left or memory > memory_left:
+                    mask &= ~(1 << i)
+            if len(self._admitted) >= self.max_entries:
+                self._admitted.clear()
+            self._admitted[key] = mask
+        return mask
 
     def weighted(self, free: Sequence[int], admitted: int = ALL_ADMITTED) -> float:
         """Sum over shapes of weight x fragment (milli); divide by `total_weight` for the amount."""

@@ -30,6 +30,8 @@ from typing import Any
 from common.errors import RequestError
 
 DEFAULT_MANAGED_PREFIXES: tuple[str, ...] = ("nvidia.com/",)
+# What the API server writes into spec.schedulerName when a pod names none.
+DEFAULT_SCHEDULER_NAME = "default-scheduler"
 
 
 class ContainerKind(StrEnum):
@@ -59,6 +61,8 @@ class Pod:
     init_containers: tuple[Container, ...] = ()
     node_name: str = ""  # spec.nodeName: set once bound
     phase: str = ""  # status.phase
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME  # spec.schedulerName
+    deleting: bool = False  # metadata.deletionTimestamp is set
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +278,8 @@ def decode_pod(doc: Any, managed: Managed | None = None) -> Pod:
         init_containers=_containers(spec, "initContainers", True, is_managed),
         node_name=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or ""),
+        scheduler_name=str(spec.get("schedulerName") or DEFAULT_SCHEDULER_NAME),
+        deleting=bool(meta.get("deletionTimestamp")),
     )
 
 

@@ -44,6 +44,15 @@ workload, per-GPU free share = free / total) before minus after, as
 `round_half_up(10 x sigmoid(gradient / 100))`, so 5 is "no change" and nodes where the pod
 closes a fragment rank above nodes where it opens one.
 
+Fine rank and tier
+------------------
+`NodeScore.rank` is the policy's value before the rounding to 0..10 (`packed` and its reverse
+as above; `fragaware`'s `placement_rank`). kube-scheduler adds its own scores to ours and picks
+at random among the best totals, so 11 levels cannot choose a node on a large cluster; the
+extender's tier filter can: `best_tier` keeps the N best by rank, ties by a stable node order
+(the extender: names; the simulator: its node order). `fragaware` with `directed` scores the
+single-GPU placement it would direct the agent to (`_directed_share`), as FGD chooses a GPU.
+
 The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
 filling nodes over opening new ones, then tight fit. Nodes without a published state are
 unknown: they pass the filter and score 0 (the lowest), so they are chosen only when nothing
@@ -59,10 +68,12 @@ once per request shape.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import TypeVar
 
 from common import allocation, fragmentation
 from common.podrequests import ContainerKind, PodRequest
@@ -71,6 +82,8 @@ from common.state import GpuState, NodeState, ResourceState
 
 MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
+# The extender's filter passes this many of the best feasible nodes (`best_tier`); 0: all.
+DEFAULT_TIER_WIDTH = 0
 
 W_REUSE = 0.6
 W_GPU_USE = 0.3
@@ -79,6 +92,8 @@ W_FIT = 0.1
 Placement = Mapping[str, tuple[str, ...]]  # resource -> physical GPU keys, one per device
 AnyNodePolicy = Policy | NodePolicy  # a Policy ranks as the NodePolicy of the same name
 _EMPTY: Placement = MappingProxyType({})
+_ALL_ADMITTED = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
+T = TypeVar("T", int, str)  # a stable node order: its position, or its name
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +105,9 @@ class NodeScore:
     # Infeasible whatever runs on the node (no such resource, failRequestsGreaterThanOne):
     # preemption cannot help, which the filter reply tells the scheduler.
     unresolvable: bool = False
+    # The node policy's fine-grained rank (higher is better), before the rounding to 0..10:
+    # what the tier filter (`best_tier`) orders nodes by. 0 for unknown and infeasible nodes.
+    rank: float = 0.0
 
 
 def _infeasible(reason: str, *, unresolvable: bool = False) -> NodeScore:
@@ -175,10 +193,21 @@ def score_node(
     node_policy: AnyNodePolicy,
     *,
     workload: fragmentation.TypicalWorkload | None = None,
+    admitted: tuple[int, int] = _ALL_ADMITTED,
+    directed: bool = False,
 ) -> NodeScore:
-    """Predict the pod's placement on this node and score the node under `node_policy`
-    (`workload`: the typical workload of `fragaware`; default: the built-in one)."""
+    """Predict the pod's placement on this node and score the node under `node_policy`.
+
+    `fragaware` only: `workload` is its typical workload (default: the built-in one);
+    `admitted` the shapes the node's CPU and memory admit before and after the pod lands
+    (`Fragmentation.admitted`; default: all, for callers that do not know them); `directed`
+    scores the placement the extender would choose and direct the agent to (for a share on
+    one replicated GPU, the GPU with the best `placement_rank`), not the agent's own."""
     if request.empty:
+        if node_policy == NodePolicy.FRAGAWARE and admitted != _ALL_ADMITTED:
+            # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
+            measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+            return _fragaware(state, _EMPTY, measure, admitted)
         return NO_REQUEST
     for name, total in request.totals:
         res = state.resource(name)
@@ -201,7 +230,9 @@ def score_node(
         landed.extend((by_key[k], cnt) for k, cnt in held.items() if cnt)
 
     if node_policy == NodePolicy.FRAGAWARE:
-        return _fragaware(state, placement, workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        chosen = _directed_share(state, request, measure, admitted) if directed else None
+        return _fragaware(state, chosen or placement, measure, admitted)
     used_before = {g.key for r in state.resources for g in r.gpus if g.allocated > 0}
     all_gpus = {g.key for r in state.resources for g in r.gpus}
     devices = 0
@@ -218,10 +249,10 @@ def score_node(
     used_after = used_before | {g.key for g, _ in landed}
     gpu_use = len(used_after) / len(all_gpus) if all_gpus else 0.0
     packed = W_REUSE * reuse + W_GPU_USE * gpu_use + W_FIT * fit
-    score = _round_half_up(packed if node_policy == Policy.PACKED else 1.0 - packed)
-    score = min(max(score, MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
+    rank = packed if node_policy == Policy.PACKED else 1.0 - packed
+    score = min(max(_round_half_up(rank), MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
     reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
-    return NodeScore(True, score, reason, MappingProxyType(placement))
+    return NodeScore(True, score, reason, MappingProxyType(placement), rank=rank)
 
 
 def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
@@ -243,20 +274,66 @@ def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
     return out
 
 
-def _fragaware(state: NodeState, placement: Placement, workload: fragmentation.TypicalWorkload) -> NodeScore:
-    """`fragaware`: the node's fragmentation (FGD's measure over `workload`) before minus after
-    the predicted placement, on the 0..10 scale (`fragmentation.extender_score`)."""
-    measure = fragmentation.measure_for(workload)
+def _fragaware(
+    state: NodeState, placement: Placement, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
+) -> NodeScore:
+    """`fragaware`: the node's fragmentation (FGD's measure) before minus after the placement,
+    on the 0..10 scale (`fragmentation.extender_score`); its rank is `placement_rank`, with
+    the share left on the GPUs the pod lands on as the leftover."""
     before = free_shares(state)
     after = free_shares(state, placement)
-    grad = measure.gradient(tuple(before.values()), tuple(after.values()))
+    grad = measure.gradient(tuple(before.values()), tuple(after.values()), *admitted)
+    landed = {k for keys in placement.values() for k in keys}
+    leftover = sum(after[k] for k in landed if k in after)
     score = fragmentation.extender_score(grad)
     total = measure.total_weight
     reason = (
-        f"frag {measure.weighted(tuple(before.values())) / total:.0f}"
-        f"->{measure.weighted(tuple(after.values())) / total:.0f} milli-GPU"
+        f"frag {measure.weighted(tuple(before.values()), admitted[0]) / total:.0f}"
+        f"->{measure.weighted(tuple(after.values()), admitted[1]) / total:.0f} milli-GPU"
     )
-    return NodeScore(True, score, reason, MappingProxyType(dict(placement)))
+    rank = fragmentation.placement_rank(grad, leftover)
+    return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
+
+
+def _directed_share(
+    state: NodeState, request: PodRequest, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
+) -> Placement | None:
+    """The single-GPU placement of a one-container share that `fragaware` ranks best (first
+    GPU in the published order on ties), as FGD chooses a share's GPU; None when the request
+    is not such a share or no single GPU has room (the agent's own placement stands)."""
+    if len(request.totals) != 1 or len(request.containers) != 1:
+        return None
+    name, n = request.totals[0]
+    res = state.resource(name)
+    if res is None or res.sharing is Sharing.NONE:
+        return None
+    before = free_shares(state)
+    free_before = tuple(before.values())
+    best: tuple[float, str] | None = None
+    for g in res.gpus:
+        if _free(g) < n:
+            continue
+        candidate = {name: (g.key,) * n}
+        after = free_shares(state, candidate)
+        grad = measure.gradient(free_before, tuple(after.values()), *admitted)
+        rank = fragmentation.placement_rank(grad, after[g.key])
+        if best is None or rank > best[0]:
+            best = (rank, g.key)
+    return None if best is None else MappingProxyType({name: (best[1],) * n})
+
+
+def best_tier(entries: Sequence[tuple[float, T]], width: int) -> list[int]:
+    """The tier filter's rule: positions in `entries` of the `width` best, by rank (higher
+    first), ties by the stable node order (the second item, lower first); every position
+    when `width` < 1 (the tier filter is off).
+
+    The scheduler adds its own scores and picks at random among the best totals; passing it
+    only the best node (or a narrow tier) is what keeps that choice from scattering pods.
+    """
+    if width < 1 or width >= len(entries):
+        return list(range(len(entries)))
+    ranked = heapq.nsmallest(width, range(len(entries)), key=lambda i: (-entries[i][0], entries[i][1]))
+    return sorted(ranked)
 
 
 def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
@@ -373,7 +450,7 @@ class ScoreTemplates:
         placement = MappingProxyType({r: tuple(keys[i] for i in idx) for r, idx in where})
         if placement == s.placement:
             return s
-        return NodeScore(s.feasible, s.score, s.reason, placement, s.unresolvable)
+        return NodeScore(s.feasible, s.score, s.reason, placement, s.unresolvable, s.rank)
 
     def verdict(self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest) -> NodeScore:
         """The shared score as is: its placement may name an alike node's GPUs."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from common.errors import StateSchemaError
@@ -18,6 +19,10 @@ VERSION = "v1alpha1"
 KIND = "NodeGpuState"
 PLURAL = "nodegpustates"
 SCHEMA_VERSION = 1
+# Three agent heartbeats (--state-heartbeat-seconds, 60 s by default): one lost or late write
+# does not make a live node unknown; a dead agent's node is unknown within three minutes. The
+# extender's --state-max-age-seconds default and `sharepack status` both count from it.
+STALE_AFTER_S = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,3 +157,16 @@ def from_status(doc: Any, *, source: str = "status") -> NodeState:
         mig_strategy=_enum(MigStrategy, doc, "migStrategy", source),
         resources=tuple(resources),
     )
+
+
+def observed_epoch(observed_at: str) -> float | None:
+    """`observedAt` (RFC 3339) as POSIX seconds; None when missing or unreadable."""
+    if not observed_at:
+        return None
+    try:
+        when = datetime.fromisoformat(observed_at.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None  # a time without a zone cannot be compared with ours
+    return when.timestamp()

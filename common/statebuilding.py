@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 from types import MappingProxyType
 
+from common.capacity import capacity
 from common.policies import MigStrategy, Policy
 from common.resources import Resource
 from common.state import GpuState, NodeState, ResourceState, to_status
@@ -238,22 +239,13 @@ def same_content(a: NodeState | None, b: NodeState | None) -> bool:
 def summary(state: NodeState) -> dict[str, int | str]:
     """The one-line view `kubectl get nodegpustates` prints (`status.summary`): physical GPUs
     with nothing held and nothing unhealthy in any resource, and devices held / served."""
-    busy: set[str] = set()
-    keys: set[str] = set()
-    used = total = 0
-    for res in state.resources:
-        for g in res.gpus:
-            keys.add(g.key)
-            used += g.allocated
-            total += g.total
-            if g.allocated or g.unhealthy:
-                busy.add(g.key)
+    c = capacity(state)
     return {
-        "freeGpus": len(keys - busy),
-        "gpus": len(keys),
-        "replicasUsed": used,
-        "replicasTotal": total,
-        "replicas": f"{used}/{total}",
+        "freeGpus": c.whole_gpus_free,
+        "gpus": c.gpus,
+        "replicasUsed": c.used,
+        "replicasTotal": c.total,
+        "replicas": f"{c.used}/{c.total}",
     }
 
 

@@ -1,11 +1,16 @@
 """`sharepack-extender`: the composition root. Only here are argv and the environment read.
 
     sharepack-extender --listen 0.0.0.0:8888 --node-policy packed [--kubeconfig FILE]
-                       [--tls-cert-file F --tls-private-key-file K] [--url-prefix /sharepack]
-    sharepack-extender --node-policy fragaware [--typical-workload FILE]
+                       --tls-cert-file F --tls-private-key-file K --client-ca-file CA
+                       [--metrics-listen 0.0.0.0:9400] [--url-prefix /sharepack]
+    sharepack-extender --node-policy fragaware [--typical-workload FILE] --insecure-http
 
 Without `--kubeconfig` the in-cluster config is used; with neither, the extender still serves
 (every node unknown: pass-through, lowest score) and /bind answers with an error.
+
+The verbs are served over mutual TLS: only a client whose certificate `--client-ca-file` signed
+(kube-scheduler's extender tlsConfig) gets past the handshake. Plain HTTP takes
+`--insecure-http`, and is logged as a warning.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from typing import Any
 
 from aiohttp import web
 
-from common import fragmentation
+from common import addresses, fragmentation, podrequests, scoring
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
 from extender.binding import BIND_CONCURRENCY, ApiBinder, Binder
-from extender.caches import ClusterView, Informer, pod_handler, state_handler
+from extender.bindguard import BindGuard, UnscoredBinds
+from extender.caches import ClusterView, pod_handler, state_handler
+from kube import clients
+from kube.reflecting import Reflector
 from extender.metrics import Metrics
 from extender.server import DEFAULT_MAX_BODY_BYTES, Extender
 
@@ -40,9 +48,7 @@ log = logging.getLogger("extender")
 DEFAULT_LISTEN = "0.0.0.0:8888"
 DEFAULT_ASSUME_TTL_S = 120.0
 DEFAULT_RESYNC_S = 300.0
-# Three agent heartbeats (--state-heartbeat-seconds, 60 s by default): one lost or late write
-# does not make a live node unknown; a dead agent's node is unknown within three minutes.
-DEFAULT_STATE_MAX_AGE_S = 180.0
+DEFAULT_STATE_MAX_AGE_S = published.STALE_AFTER_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,11 @@ class Options:
     in_cluster: bool = True  # try the in-cluster config when no kubeconfig is given
     tls_cert_file: str | None = None
     tls_private_key_file: str | None = None
+    client_ca_file: str | None = None  # with the two above: clients must present a certificate
+    insecure_http: bool = False  # plain HTTP asked for explicitly
+    metrics_listen: str = ""  # HOST:PORT for /metrics, /healthz, /readyz without TLS; "": none
+    scheduler_names: tuple[str, ...] = (podrequests.DEFAULT_SCHEDULER_NAME,)
+    unscored_binds: UnscoredBinds = UnscoredBinds.REFUSE
     url_prefix: str = ""
     log_format: str = "text"
     log_level: str = "info"
@@ -61,13 +72,24 @@ class Options:
     assume_ttl_s: float = DEFAULT_ASSUME_TTL_S
     resync_s: float = DEFAULT_RESYNC_S
     state_max_age_s: float = DEFAULT_STATE_MAX_AGE_S  # 0: no age check
+    filter_tier_width: int = scoring.DEFAULT_TIER_WIDTH  # 0: the filter passes every feasible node
 
     @property
     def host_port(self) -> tuple[str, int]:
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"invalid --listen option: {self.listen!r} (want HOST:PORT)")
-        return host.strip("[]") or "0.0.0.0", int(port)
+        return addresses.listen_address(self.listen, flag="--listen")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert_file and self.tls_private_key_file)
+
+
+def transport_problem(opts: Options) -> str | None:
+    """Why these options must not serve, or None. Kept out of `parse_args` so that tests can
+    parse other flags alone; `main` refuses to start on it."""
+    if not opts.tls and not opts.insecure_http:
+        return ("refusing to serve /bind without client authentication: pass --tls-cert-file, "
+                "--tls-private-key-file and --client-ca-file, or --insecure-http to serve plain HTTP")  # fmt: skip
+    return None
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -84,8 +106,23 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="YAML pod shapes {gpus, share, weight} that define fragmentation for "
                         "fragaware (default: built in, from the FGD study's default trace)")  # fmt: skip
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
-    p.add_argument("--tls-cert-file", default=None)
-    p.add_argument("--tls-private-key-file", default=None)
+    p.add_argument("--tls-cert-file", default=None, help="serving certificate (PEM)")
+    p.add_argument("--tls-private-key-file", default=None, help="its private key (PEM)")
+    p.add_argument("--client-ca-file", default=None, metavar="FILE",
+                   help="CA bundle (PEM) that signs the clients allowed to call the verbs: "
+                        "kube-scheduler's extender tlsConfig certificate")  # fmt: skip
+    p.add_argument("--insecure-http", action="store_true",
+                   help="serve plain HTTP without client authentication: anyone who reaches the "
+                        "port can call /bind (logged as a warning)")  # fmt: skip
+    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+                   help="also serve /metrics, /healthz and /readyz (only those) over plain HTTP here, "
+                        "for probes and Prometheus (default: off)")  # fmt: skip
+    p.add_argument("--scheduler-name", action="append", default=None, metavar="NAME",
+                   help="a schedulerName whose pods /bind may bind; repeat for several "
+                        f"(default {podrequests.DEFAULT_SCHEDULER_NAME})")  # fmt: skip
+    p.add_argument("--unscored-binds", default=str(UnscoredBinds.REFUSE), choices=[x.value for x in UnscoredBinds],
+                   help="a /bind for a pod this replica did not filter or prioritize: refuse it, or "
+                        "recheck the pod and node on this replica's caches (several replicas)")  # fmt: skip
     p.add_argument("--url-prefix", default="", help="path prefix of the verbs, e.g. /sharepack")
     p.add_argument("--log-format", default="text", choices=["text", "json"])
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -97,9 +134,25 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--state-max-age-seconds", type=float, default=DEFAULT_STATE_MAX_AGE_S,
                    help="a NodeGpuState whose observedAt is older than this is stale: its node "
                         "is treated as unknown (passes filter, score 0); 0 turns the check off")  # fmt: skip
+    p.add_argument("--filter-tier-width", type=int, default=scoring.DEFAULT_TIER_WIDTH,
+                   help="the filter passes only this many best feasible nodes by the node policy's "
+                        "own rank (ties by name), so the scheduler cannot scatter GPU pods; 0 "
+                        "passes all (default: %(default)s)")  # fmt: skip
     a = p.parse_args(list(argv))
+    if a.filter_tier_width < 0:
+        p.error(f"invalid --filter-tier-width option: {a.filter_tier_width} (want 0 or more)")
     if bool(a.tls_cert_file) != bool(a.tls_private_key_file):
         p.error("--tls-cert-file and --tls-private-key-file go together")
+    if a.insecure_http and a.tls_cert_file:
+        p.error("--insecure-http contradicts --tls-cert-file: choose one")
+    if a.tls_cert_file and not a.client_ca_file:
+        p.error("--tls-cert-file without --client-ca-file lets any client call /bind: name the CA "
+                "that signs kube-scheduler's client certificate")  # fmt: skip
+    if a.client_ca_file and not a.tls_cert_file:
+        p.error("--client-ca-file needs --tls-cert-file and --tls-private-key-file")
+    scheduler_names = tuple(a.scheduler_name or (podrequests.DEFAULT_SCHEDULER_NAME,))
+    if not all(scheduler_names):
+        p.error("invalid --scheduler-name option: ''")
     if not a.state_max_age_seconds >= 0:  # also rejects nan
         p.error(f"invalid --state-max-age-seconds option: {a.state_max_age_seconds} (want seconds >= 0)")
     for flag, value in (("--assume-ttl", a.assume_ttl), ("--resync", a.resync), ("--max-body-bytes", a.max_body_bytes)):
@@ -107,7 +160,7 @@ def parse_args(argv: Sequence[str]) -> Options:
             p.error(f"invalid {flag} option: {value} (want a finite number > 0)")
     if a.tls_cert_file:
         try:
-            tls_context(a.tls_cert_file, a.tls_private_key_file)
+            tls_context(a.tls_cert_file, a.tls_private_key_file, a.client_ca_file)
         except ValueError as e:
             p.error(str(e))
     workload = None
@@ -126,6 +179,11 @@ def parse_args(argv: Sequence[str]) -> Options:
         kubeconfig=a.kubeconfig,
         tls_cert_file=a.tls_cert_file,
         tls_private_key_file=a.tls_private_key_file,
+        client_ca_file=a.client_ca_file,
+        insecure_http=a.insecure_http,
+        metrics_listen=a.metrics_listen,
+        scheduler_names=scheduler_names,
+        unscored_binds=UnscoredBinds(a.unscored_binds),
         url_prefix=a.url_prefix,
         log_format=a.log_format,
         log_level=a.log_level,
@@ -133,24 +191,38 @@ def parse_args(argv: Sequence[str]) -> Options:
         assume_ttl_s=a.assume_ttl,
         resync_s=a.resync,
         state_max_age_s=a.state_max_age_seconds,
+        filter_tier_width=a.filter_tier_width,
     )
     try:
         opts.host_port
+        if opts.metrics_listen:
+            addresses.listen_address(opts.metrics_listen, flag="--metrics-listen")
     except ValueError as e:
         p.error(str(e))
     return opts
 
 
-def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """The server's TLS context; raises ValueError naming the files (checked at parse time, so
-    a wrong path is a usage error rather than a traceback once the caches start)."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
+    """The server's TLS context, requiring a client certificate signed by `client_ca_file` when
+    given; raises ValueError naming the files (checked at parse time, so a wrong path is a usage
+    error rather than a traceback once the caches start)."""
+    # A bare server context: it trusts no CA until told, so clients are checked against
+    # --client-ca-file alone, never against OpenSSL's default paths (SSL_CERT_FILE, the system
+    # store), where a public CA's certificate would get in.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         ctx.load_cert_chain(cert_file, key_file)
     except OSError as e:  # ssl.SSLError included: not PEM, or key and certificate do not match
         raise ValueError(
             f"invalid --tls-cert-file/--tls-private-key-file option: {cert_file}, {key_file}: {e.strerror or e}"
         ) from None
+    if client_ca_file is not None:
+        try:
+            ctx.load_verify_locations(cafile=client_ca_file)
+        except OSError as e:  # ssl.SSLError included: no certificate in the file
+            raise ValueError(f"invalid --client-ca-file option: {client_ca_file}: {e.strerror or e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 
@@ -196,9 +268,9 @@ def api_client(opts: Options) -> Any | None:
             return None
     else:
         return None
-    # One connection per bind thread, plus the informers' watches: a smaller pool would open
-    # and discard connections (with a warning each) under a burst of binds.
-    conf.connection_pool_maxsize = BIND_CONCURRENCY + 4
+    # One connection per bind thread (the watches use their own aio client): a smaller pool
+    # would open and discard connections (with a warning each) under a burst of binds.
+    conf.connection_pool_maxsize = BIND_CONCURRENCY
     return client.ApiClient(conf)
 
 
@@ -212,39 +284,46 @@ class Service:
         self.view = ClusterView(
             opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s,
             max_age_s=opts.state_max_age_s, workload=opts.typical_workload,
+            tier_width=opts.filter_tier_width,
         )  # fmt: skip
-        self.informers: list[Informer] = []
+        self.informers: list[Reflector] = []
+        self._watch_api: Any | None = None  # kubernetes.aio client of the reflectors
         binder: Binder | None = None
         if api is not None:
-            from kubernetes import client
+            from kubernetes.aio import client as aio
 
-            custom = client.CustomObjectsApi(api)
-            core = client.CoreV1Api(api)
+            self._watch_api = clients.aio_client_like(api)
+            custom = aio.CustomObjectsApi(self._watch_api)
+            core = aio.CoreV1Api(self._watch_api)
             self.informers = [
-                Informer(
-                    "nodegpustates",
-                    partial(custom.list_cluster_custom_object,
+                Reflector(
+                    partial(custom.list_cluster_custom_object_without_preload_content,
                             published.GROUP, published.VERSION, published.PLURAL),
-                    on_replace=self.view.replace_states,
+                    what="nodegpustates",
+                    on_list=lambda cache: self.view.replace_states(list(cache.values())),
                     on_event=state_handler(self.view),
-                    resync_s=opts.resync_s,
+                    watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
+                    keep_cache=False,  # ClusterView keeps what it needs, decoded
                 ),  # fmt: skip
-                Informer(
-                    "pods",
-                    partial(core.list_pod_for_all_namespaces, field_selector="spec.nodeName!="),
-                    on_replace=self.view.replace_pods,
+                Reflector(
+                    partial(core.list_pod_for_all_namespaces_without_preload_content, field_selector="spec.nodeName!="),
+                    what="pods bound to nodes",
+                    on_list=lambda cache: self.view.replace_pods(list(cache.values())),
                     on_event=pod_handler(self.view),
-                    resync_s=opts.resync_s,
-                ),
+                    watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
+                    keep_cache=False,  # ClusterView keeps what it needs, decoded
+                ),  # fmt: skip
             ]
             binder = ApiBinder(api)
+        guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds)
         self.extender = Extender(
             self.view, binder=binder, metrics=self.metrics, ready=self.synced,
-            url_prefix=opts.url_prefix,
+            url_prefix=opts.url_prefix, guard=guard,
         )  # fmt: skip
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
+        self.metrics_port = 0  # --metrics-listen's bound port; 0: not serving it
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
@@ -253,20 +332,17 @@ class Service:
         host, port = self.opts.host_port
         ssl_context = None
         if self.opts.tls_cert_file and self.opts.tls_private_key_file:
-            ssl_context = tls_context(self.opts.tls_cert_file, self.opts.tls_private_key_file)
-        app = self.extender.app(max_body_bytes=self.opts.max_body_bytes)
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+            ssl_context = tls_context(self.opts.tls_cert_file, self.opts.tls_private_key_file,
+                                      self.opts.client_ca_file)  # fmt: skip
         try:
-            await site.start()
+            self.port = await self._serve(self.extender.app(max_body_bytes=self.opts.max_body_bytes),
+                                          host, port, ssl_context)  # fmt: skip
+            if self.opts.metrics_listen:
+                m_host, m_port = addresses.listen_address(self.opts.metrics_listen, flag="--metrics-listen")
+                self.metrics_port = await self._serve(self.extender.probe_app(), m_host, m_port, None)
         except BaseException:
-            await runner.cleanup()
+            await self._cleanup_runners()
             raise
-        self._runner = runner
-        server = site._server  # the bound port (0 picks one); aiohttp exposes it only here
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._start_informers(), name="extender-start-informers"),
@@ -275,16 +351,41 @@ class Service:
         ]
         if self.opts.state_max_age_s > 0:
             self._tasks.append(loop.create_task(self._sweep_stale(), name="extender-sweep-stale"))
+        if ssl_context is None:
+            log.warning("serving plain HTTP on %s:%d without client authentication (--insecure-http): "
+                        "anyone who reaches this port can ask /bind to bind pods", host, self.port)  # fmt: skip
+        elif self.opts.client_ca_file is None:
+            log.warning("serving HTTPS on %s:%d without client certificates: anyone who reaches this "
+                        "port can ask /bind to bind pods", host, self.port)  # fmt: skip
+        transport = "plain http" if ssl_context is None else "https" if self.opts.client_ca_file is None else "mtls"
         log.info("serving on %s:%d (%s) with node policy %s",
-                 host, self.port, "https" if ssl_context else "http",
+                 host, self.port, transport,
                  self.opts.node_policy, extra={"options": asdict(self.opts)})  # fmt: skip
+
+    async def _serve(self, app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        """Serve `app`; returns the bound port (0 asks for a free one)."""
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        await site.start()
+        server = site._server  # the bound port (0 picks one); aiohttp exposes it only here
+        assert isinstance(server, asyncio.base_events.Server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def _cleanup_runners(self) -> None:
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            await runner.cleanup()
 
     async def _start_informers(self) -> None:
         # One after another: a bound pod is assumed with a placement predicted on its node's
-        # state, so the states must be in before the first pod arrives.
-        for informer in self.informers:
-            await informer.start()
-            await informer.synced.wait()
+        # state, so the states must be in before the first pod arrives. The reflectors run as
+        # tasks of this one, so stopping it stops them.
+        async with asyncio.TaskGroup() as group:
+            for informer in self.informers:
+                group.create_task(informer.run(), name=f"extender-watch-{informer.what}")
+                await informer.synced.wait()
 
     async def _expire_assumed(self) -> None:
         period = max(self.opts.assume_ttl_s / 4, 0.05)
@@ -316,11 +417,9 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        for informer in self.informers:
-            await informer.stop()
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        if self._watch_api is not None:
+            await self._watch_api.close()
+        await self._cleanup_runners()
 
 
 async def run(opts: Options) -> int:
@@ -354,6 +453,10 @@ async def run(opts: Options) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
+    problem = transport_problem(opts)
+    if problem is not None:
+        print(f"sharepack-extender: error: {problem}", file=sys.stderr)
+        return 2
     setup_logging(opts.log_format, opts.log_level)
     return asyncio.run(run(opts))
 

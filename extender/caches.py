@@ -15,34 +15,30 @@
   watch event into `WireScorer.fresh_until` (wall-clock seconds); the request path compares
   that float against one clock read per request. `sweep_stale` (called periodically) logs
   each node once as it goes stale; a write that makes it fresh again is logged as it arrives.
-* `Informer`: list + watch of one resource in a thread (the kubernetes client is blocking),
-  delivering to the loop with `call_soon_threadsafe`: periodic relist (resync), relist on 410
-  Gone, reconnect with capped exponential backoff. The request path never calls the API.
+* The caches are fed by `kube.reflecting.Reflector`s (list + watch on the event loop, periodic
+  resync, relist on 410 Gone, capped exponential backoff): `replace_states` / `replace_pods`
+  after each list, `state_handler` / `pod_handler` for each watch event. The request path
+  never calls the API.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
-
-import orjson
 
 from common import fragmentation, podrequests, scoring, statebuilding
 from common.errors import RequestError, StateSchemaError
 from common.podrequests import PodRequest
 from common.policies import NodePolicy, Policy
 from common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
-from common.state import NodeState, from_status
+from common.state import NodeState, from_status, observed_epoch
 from extender import protocol
-from extender.metrics import Metrics
+from extender.metrics import Metrics, NodeGauges, node_gauges
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +49,6 @@ RECENT_REQUESTS = 4096
 # has ~1-2 us per node).
 PRESCORED_SHAPES = 4
 NEVER_STALE = math.inf
-
-
-def observed_epoch(observed_at: str) -> float | None:
-    """`observedAt` (RFC 3339) as POSIX seconds; None when missing or unreadable."""
-    if not observed_at:
-        return None
-    try:
-        when = datetime.fromisoformat(observed_at.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        return None  # a time without a zone cannot be compared with ours
-    return when.timestamp()
 
 
 class WireScorer(NodeScorer):
@@ -132,8 +115,10 @@ class ClusterView:
         max_age_s: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
         workload: fragmentation.TypicalWorkload | None = None,  # `fragaware` only; default built in
+        tier_width: int = 0,  # the filter passes only this many best nodes (`scoring.best_tier`); 0: all
     ) -> None:
         self.node_policy = node_policy
+        self.tier_width = tier_width
         self.metrics = metrics or Metrics()
         self.assume_ttl = assume_ttl
         self.clock = clock
@@ -157,6 +142,9 @@ class ClusterView:
         self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
         self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
         self.templates = ScoreTemplates(node_policy, workload=workload)
+        # Per node gauge rows, recomputed with each published state (never per scrape).
+        self.gauges: dict[str, NodeGauges] = {}
+        self.metrics.node_rows(lambda: tuple(self.gauges.values()))
 
     # -- NodeGpuState events ---------------------------------------------------------------
 
@@ -185,8 +173,14 @@ class ClusterView:
                 else:
                     del counts[r]
                     self._known = None
-        if entry is not None:
+        if entry is None:
+            self.gauges.pop(name, None)
+        else:
             self.published[name] = entry
+            gauges = node_gauges(name, entry[1])
+            kept = self.gauges.get(name)
+            if kept is None or kept.values != gauges.values:  # a heartbeat keeps the formatted text
+                self.gauges[name] = gauges
             for r in {r.name for r in entry[1].resources}:
                 if r not in counts:
                     self._known = None
@@ -338,7 +332,30 @@ class ClusterView:
                 unresolvable[name] = s.reason
             else:
                 failed[name] = s.reason
+        if 0 < self.tier_width < len(survivors):
+            survivors = self._best_tier(names, survivors, request, now, failed)
         return survivors, failed, unresolvable
+
+    def _best_tier(
+        self, names: Sequence[str], survivors: list[int], request: PodRequest, now: float, failed: dict[str, str]
+    ) -> list[int]:
+        """The best `tier_width` survivors by the node policy's fine rank, ties by node name;
+        unknown and stale nodes rank below every known one. The scheduler picks at random among
+        its best totals: passing it only our best is what makes the choice ours. The others
+        fail with a reason that says so (they could run the pod; preemption never sees them,
+        since a survivor remains)."""
+        entries = []
+        for i in survivors:
+            scorer = self.scorers.get(names[i])
+            known = scorer is not None and scorer.fresh_until > now
+            entries.append((scorer.verdict(request).rank if scorer is not None and known else -math.inf, names[i]))
+        keep = [survivors[k] for k in scoring.best_tier(entries, self.tier_width)]
+        kept = set(keep)
+        reason = f"outside the best {self.tier_width} node(s) by {self.node_policy} (--filter-tier-width)"
+        for i in survivors:
+            if i not in kept:
+                failed[names[i]] = reason
+        return keep
 
     def host_priorities(self, names: Sequence[str], request: PodRequest) -> list[bytes]:
         """Each node's wire-encoded HostPriority; unknown or stale nodes get the lowest score."""
@@ -514,180 +531,7 @@ class ClusterView:
         return self._recent.get(uid)
 
 
-# --- list + watch -----------------------------------------------------------------------------
-
-ListCall = Callable[..., Any]  # a kubernetes client list function, bound to its resource
-
-
-def _lines(resp: Any) -> Iterator[bytes]:
-    buf = b""
-    for chunk in resp.stream(65536):
-        buf += chunk
-        while True:
-            line, sep, rest = buf.partition(b"\n")
-            if not sep:
-                break
-            buf = rest
-            if line.strip():
-                yield line
-    if buf.strip():
-        yield buf
-
-
-class Informer:
-    """List + watch one resource type from a thread; handlers run on the event loop."""
-
-    def __init__(
-        self,
-        name: str,
-        list_call: ListCall,
-        *,
-        on_replace: Callable[[list[Any]], None],
-        on_event: Callable[[str, Any], None],
-        resync_s: float = 300.0,
-        watch_timeout_s: float = 60.0,
-        request_timeout_s: float = 10.0,
-        backoff_initial_s: float = 0.2,
-        backoff_max_s: float = 10.0,
-    ) -> None:
-        self.name = name
-        self._list = list_call
-        self._on_replace = on_replace
-        self._on_event = on_event
-        self.resync_s = resync_s
-        self.watch_timeout_s = watch_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self.synced = asyncio.Event()
-        self.lists = 0  # successful lists (initial, resync, recovery)
-        self.errors = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping = threading.Event()
-        self._resp: Any = None
-        self._thread: threading.Thread | None = None
-        self._done = asyncio.Event()
-
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
-        self._thread.start()
-
-    async def stop(self) -> None:
-        if self._thread is None:
-            return
-        self._stopping.set()
-        resp = self._resp
-        if resp is not None:
-            try:
-                resp.shutdown()  # unblocks the thread's read at once
-            except Exception:  # noqa: BLE001 - best effort: the read times out anyway
-                log.debug("informer %s: shutting down the watch failed", self.name, exc_info=True)
-        await self._done.wait()
-        self._thread = None
-
-    # -- thread side -----------------------------------------------------------------------
-
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._loop
-        assert loop is not None
-
-        def call() -> None:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("informer %s: handler failed; the next resync repairs the cache",
-                              self.name)  # fmt: skip
-
-        try:
-            loop.call_soon_threadsafe(call)
-        except RuntimeError:  # the loop is closed: we are shutting down
-            self._stopping.set()
-
-    def _run(self) -> None:
-        try:
-            self._loop_forever()
-        finally:
-            loop = self._loop
-            if loop is not None:
-                try:
-                    loop.call_soon_threadsafe(self._done.set)
-                except RuntimeError:
-                    pass
-
-    def _loop_forever(self) -> None:
-        rv: str | None = None
-        listed_at = 0.0
-        backoff = self.backoff_initial_s
-        while not self._stopping.is_set():
-            try:
-                if rv is None or time.monotonic() - listed_at >= self.resync_s:
-                    rv = self._relist()
-                    listed_at = time.monotonic()
-                left = self.resync_s - (time.monotonic() - listed_at)
-                timeout = max(1, int(min(self.watch_timeout_s, left)))
-                rv = self._watch(rv, timeout)
-                backoff = self.backoff_initial_s
-            except Exception as e:
-                if self._stopping.is_set():
-                    return
-                self.errors += 1
-                log.warning("informer %s: %s; retrying in %.1fs", self.name, e, backoff)
-                rv = None  # relist: events may have been missed
-                if self._stopping.wait(backoff):
-                    return
-                backoff = min(backoff * 2, self.backoff_max_s)
-
-    def _relist(self) -> str:
-        resp = self._list(_preload_content=False, _request_timeout=self.request_timeout_s)
-        doc = orjson.loads(resp.data)
-        items = doc.get("items") or []
-        rv = str(doc.get("metadata", {}).get("resourceVersion", ""))
-        self.lists += 1
-        self._post(self._on_replace, items)
-        if not self.synced.is_set():
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self.synced.set)
-        return rv
-
-    def _watch(self, rv: str, timeout: int) -> str | None:
-        """Stream events from `rv`; returns the last resource version, None to relist."""
-        resp = self._list(
-            watch=True,
-            resource_version=rv,
-            timeout_seconds=timeout,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=(self.request_timeout_s, timeout + self.request_timeout_s),
-        )
-        self._resp = resp
-        try:
-            if self._stopping.is_set():
-                return rv
-            for line in _lines(resp):
-                event = orjson.loads(line)
-                kind = event.get("type")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    code = obj.get("code")
-                    if code == 410:  # our resource version is too old: start over
-                        return None
-                    raise RuntimeError(f"watch error {code}: {obj.get('message', '')}")
-                new_rv = _meta(obj).get("resourceVersion")
-                if new_rv:
-                    rv = str(new_rv)
-                if kind == "BOOKMARK":
-                    continue
-                self._post(self._on_event, str(kind), obj)
-                if self._stopping.is_set():
-                    break
-            return rv
-        finally:
-            self._resp = None
-            try:
-                resp.release_conn()
-            except Exception:  # noqa: BLE001 - a shut-down socket may refuse; the pool drops it
-                log.debug("informer %s: releasing the watch connection failed", self.name, exc_info=True)
+# --- handlers for kube.reflecting.Reflector ------------------------------------------------------
 
 
 def state_handler(view: ClusterView) -> Callable[[str, Any], None]:

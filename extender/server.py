@@ -1,4 +1,5 @@
-"""The extender's HTTP surface: thin handlers (decode -> common.scoring -> encode).
+"""The extender's HTTP surface: thin handlers (decode -> common.scoring -> encode). /bind asks
+`extender.bindguard` first; filter and prioritize tell it which pod they scored.
 
 Status codes are mapped here, in one place: every scheduling outcome (feasible or not, unknown
 nodes, a pod we cannot read) is HTTP 200 with the answer in the body; HTTP 400 means the body
@@ -15,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from common import podrequests
-from common.errors import RequestError
 from common.podrequests import PodRequest
-from extender import protocol
+from extender import explaining, protocol
 from extender.binding import Binder, BindError
+from extender.bindguard import BindGuard, Refusal
 from extender.caches import ClusterView
-from extender.metrics import Metrics
+from extender.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit; more i
 FAILED_PREFIX = "sharepack: "
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Extender:
@@ -41,9 +41,11 @@ class Extender:
         ready: Callable[[], bool] = lambda: True,
         url_prefix: str = "",
         managed: podrequests.Managed | None = None,
+        guard: BindGuard | None = None,
     ) -> None:
         self.view = view
         self.binder = binder
+        self.guard = guard if guard is not None else BindGuard(view, managed=managed)
         self.metrics = metrics or view.metrics
         self.ready = ready
         self.url_prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
@@ -67,15 +69,26 @@ class Extender:
 
     def app(self, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
         app = web.Application(client_max_size=max_body_bytes)
-        app[EXTENDER] = self
+        self._add_probes(app)
         p = self.url_prefix
         app.router.add_post(f"{p}/filter", self._timed("filter", self.filter))
         app.router.add_post(f"{p}/prioritize", self._timed("prioritize", self.prioritize))
         app.router.add_post(f"{p}/bind", self._timed("bind", self.bind))
+        app.router.add_post(f"{p}/explain", self.explain)  # read-only, behind the same mTLS
+        return app
+
+    def probe_app(self) -> web.Application:
+        """Health and metrics only: read-only, so it may be served without client certificates
+        (`--metrics-listen`) to the kubelet's probes and to Prometheus."""
+        app = web.Application()
+        self._add_probes(app)
+        return app
+
+    def _add_probes(self, app: web.Application) -> None:
+        app[EXTENDER] = self
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
-        return app
 
     def _timed(self, verb: str, handler: Handler) -> Handler:
         observe = self.metrics.observe
@@ -128,8 +141,10 @@ class Extender:
             log.warning("filter: cannot read the pod: %s", args.pod_error)
             return self._json(protocol.encode_filter(args, everyone, {}, {}, args.pod_error))
         if pod.empty:
+            self.guard.filtered(args.pod_uid, args.node_names, everyone)
             return self._json(protocol.encode_filter(args, everyone, {}, {}))
         survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod)
+        self.guard.filtered(args.pod_uid, args.node_names, survivors)
         return self._json(protocol.encode_filter(
             args, survivors,
             {n: FAILED_PREFIX + r for n, r in failed.items()},
@@ -143,6 +158,7 @@ class Extender:
             return self._bad(e)
         pod = self._request(args)
         names = args.node_names
+        self.guard.prioritized(args.pod_uid, names)
         if pod is None or pod.empty:
             return self._json(protocol.encode_priorities(names, [0] * len(names)))
         return self._json(protocol.join_priorities(self.view.host_priorities(names, pod)))
@@ -154,42 +170,43 @@ class Extender:
             return self._bad(e)
         m = self.metrics
         if self.binder is None:
-            m.binds["error"] += 1
+            m.bind(False)
             return self._json(protocol.encode_binding_result(
                 "binding is not available: the extender runs without Kubernetes API access"))  # fmt: skip
-        if not (args.pod_name and args.pod_namespace and args.node):
-            m.binds["error"] += 1
+        verdict = await self.guard.admit(args, self.binder.get_pod)
+        if isinstance(verdict, Refusal):
+            m.bind_refused(verdict.rule)
+            log.warning("bind refused (%s): %s", verdict.rule, verdict.message)
             return self._json(protocol.encode_binding_result(
-                f"invalid ExtenderBindingArgs: PodName, PodNamespace and Node are required, got "
-                f"{args.pod_namespace!r}/{args.pod_name!r} -> {args.node!r}"))  # fmt: skip
-        pod = self.view.recalled(args.pod_uid) if args.pod_uid else None
-        if pod is None:
-            # Not seen by filter/prioritize (an extender restart in between): read it, so the
-            # assumption still counts its devices. Binding does not depend on it.
-            try:
-                doc = await self.binder.get_pod(args.pod_namespace, args.pod_name)
-                pod = podrequests.decode_pod_request(doc, self.managed)
-            except (BindError, RequestError) as e:
-                log.warning("bind: pod %s/%s not counted until its agent reports it: %s",
-                            args.pod_namespace, args.pod_name, e)  # fmt: skip
+                f"{FAILED_PREFIX}bind refused ({verdict.rule}): {verdict.message}"))  # fmt: skip
         # Counted on its node before the Binding is written, as kube-scheduler assumes before it
         # binds: a filter for the next pod that arrives while the write is in flight sees it,
         # and concurrent binds to one node are predicted in the order they arrived.
-        uid = args.pod_uid or (pod.uid if pod is not None else "")
+        uid = args.pod_uid
         assumed_now = False
-        if pod is not None and not pod.empty and uid not in self.view.assumed:
-            self.view.assume(uid, args.node, pod)
+        if not verdict.request.empty and uid not in self.view.assumed:
+            self.view.assume(uid, args.node, verdict.request)
             assumed_now = uid in self.view.assumed
         try:
             await self.binder.bind(args)
         except BindError as e:
             if assumed_now:
                 self.view.forget_pod(uid)  # not bound: nothing holds those devices
-            m.binds["error"] += 1
+            m.bind(False)
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
-        m.binds["success"] += 1
+        m.bind(True)
         return self._json(protocol.encode_binding_result())
+
+    async def explain(self, request: web.Request) -> web.Response:
+        """Read-only: each node's filter verdict and score for the pod (extender/explaining.py)."""
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self.view.relevant(args.request) if args.request is not None else None
+        nodes = explaining.explain(self.view, args.node_names, pod) if pod is not None and not pod.empty else []
+        return self._json(explaining.encode(args, pod, nodes))
 
     # -- health ----------------------------------------------------------------------------
 
@@ -202,9 +219,7 @@ class Extender:
         return web.Response(status=503, text="caches not synced\n")
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.render().encode(), headers={"Content-Type": PROMETHEUS_TEXT}
-        )
+        return web.Response(body=await self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 EXTENDER = web.AppKey("extender", Extender)

@@ -1,32 +1,38 @@
 """A small, faithful Kubernetes API server for the sandbox and the tests.
 
-It speaks the JSON REST protocol the real `kubernetes` client uses, over real HTTP on 127.0.0.1:
-Namespaces, Nodes, Pods (with the `binding` subresource), ConfigMaps, Events (core/v1 and
-events.k8s.io/v1) and the `NodeGpuState` custom resource, with get / list / watch / create /
-update / patch / delete, resource versions, 409 on stale writes, status subresources, owner
-references and their garbage collection, and `Status` error bodies. Storage and semantics live
-in `apiserver_store`; this module maps HTTP onto them.
+It speaks the JSON REST protocol the real `kubernetes` client and kubectl use, over real HTTP on
+127.0.0.1: Namespaces, Nodes, Pods (with the `binding` subresource), ConfigMaps, Events (core/v1,
+and events.k8s.io/v1 as a converted view of the same objects), Leases, the `NodeGpuState` custom
+resource, SelfSubjectAccessReview and SelfSubjectReview; get / list / watch / create / update / patch (merge,
+strategic, JSON, server-side apply) / delete, resource versions, 409 on stale writes, status
+subresources, owner references and their garbage collection, and `Status` error bodies. Storage
+and semantics live in `apiserver_store`; this module maps HTTP onto them.
 
 Faithful details clients trip over: `create` of a custom resource with a status subresource
 drops `status` (write it through `/status`); a custom resource refuses an update without
-`metadata.resourceVersion` (422) and a strategic merge patch (415); a binding answers a `Status`
-(201), which the generated client cannot read as a `V1Binding`: call
+`metadata.resourceVersion` (422) and a strategic merge patch (415); fields the schema does not
+declare are dropped, with a `Warning` header (`fieldValidation=Warn`, the default) or a 400
+(`Strict`); a pod gets the real server's defaults (`apiserver_defaults`); a binding answers a
+`Status` (201), which the generated client cannot read as a `V1Binding`: call
 `create_namespaced_pod_binding(..., _preload_content=False)`; a watch from a version older than
 the kept history gets an ERROR event with code 410; a write that changes nothing keeps the
 resourceVersion and sends no event; an object whose owners are all gone is garbage-collected.
 
 Simplifications: one global resource-version counter and in-memory storage; list ignores
 `resourceVersion` (always the latest); deletion is immediate unless finalizers are set (no pod
-grace period, no Foreground/Orphan propagation); core/v1 and events.k8s.io/v1 Events are stored
-separately; no admission, defaulting, pruning or schema validation beyond names, ownerReferences,
-ConfigMap values and pod spec immutability; no authentication (any token is accepted).
+grace period, no Foreground/Orphan propagation); no managed fields (server-side apply merges
+without ownership); no authentication or authorization (any token is accepted, every access
+review is allowed and says why); validation beyond names, ownerReferences, ConfigMap values, pod
+spec immutability and unknown fields is not done.
 
 Test conveniences: `pause("unavailable")` answers 503, `pause("refuse")` stops listening and drops
 every connection (the port is reused on `resume()`), `fail_next(...)` injects errors,
 `requests` records every call.
 
-`kubectl get` works against it: discovery, and the `meta.k8s.io/v1` Table it asks for, with the
-CRD's printer columns (`apiserver_tables`), for get, list and watch.
+kubectl works against it: discovery, the OpenAPI v2 and v3 documents (`apiserver_openapi`) that
+`apply`, `create` and `explain` need, the protobuf bodies of its typed clients (`auth can-i`,
+`auth whoami`, `create namespace|configmap`, `drain`: `apiserver_protobuf`), and the `meta.k8s.io/v1` Table of `get` with the real server's columns
+(`apiserver_printers`), for get, list and watch.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ import orjson
 import yaml
 from aiohttp import web
 
+from sandbox import apiserver_fields as fields
+from sandbox import apiserver_openapi as openapi
+from sandbox import apiserver_patching as patching
+from sandbox import apiserver_protobuf as protobuf
 from sandbox import apiserver_resources as resources
 from sandbox import apiserver_tables as tables
 from sandbox.apiserver_resources import ResourceType
@@ -225,6 +235,8 @@ class FakeApiServer:
             doc = self._discovery(parts)
             if doc is not None:
                 return _json_response(doc)
+            if parts[:1] == ["openapi"]:
+                return self._openapi(parts[1:])
         target = self._route(parts)
         if target is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -247,6 +259,21 @@ class FakeApiServer:
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return {"status": "ok"}
         return None
+
+    @staticmethod
+    def _openapi(parts: list[str]) -> web.Response:
+        body: bytes | None = None
+        if parts == ["v2"]:
+            body = openapi.v2_document()
+        elif parts == ["v3"]:
+            body = orjson.dumps(openapi.v3_root())
+        elif parts[:1] == ["v3"] and parts[1:2] == ["api"] and len(parts) == 3:
+            body = openapi.v3_document("", parts[2])
+        elif parts[:1] == ["v3"] and parts[1:2] == ["apis"] and len(parts) == 4:
+            body = openapi.v3_document(parts[2], parts[3])
+        if body is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return web.Response(body=body, content_type=_JSON)
 
     @staticmethod
     def _route(parts: list[str]) -> _Target | None:
@@ -278,12 +305,86 @@ class FakeApiServer:
         raw = await request.read()
         if not raw:
             return {}
+        if request.content_type == protobuf.MEDIA_TYPE:
+            try:
+                return protobuf.decode(raw)
+            except protobuf.ProtobufError as e:
+                raise bad_request(f"the body of the request could not be decoded as protobuf: {e}") from None
+        if request.content_type == patching.APPLY:
+            try:
+                return yaml.safe_load(raw)
+            except yaml.YAMLError as e:
+                raise bad_request(f"the apply configuration could not be decoded as YAML: {e}") from None
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise bad_request(f"the body of the request could not be decoded as JSON: {e}") from None
 
     async def _serve(self, request: web.Request, t: _Target) -> web.StreamResponse:
+        if t.rt.virtual:
+            if request.method != "POST" or t.name:
+                raise ApiError(405, "MethodNotAllowed", f"{t.rt.plural} only supports create")
+            body = await self._body(request)
+            if t.rt is resources.SELF_SUBJECT_REVIEWS:
+                return _json_response(self._who_am_i(), 201)
+            return _json_response(self._access_review(body), 201)
+        if request.method not in ("POST", "PUT", "PATCH"):
+            return await self._read_or_delete(request, t)
+        try:
+            mode = fields.mode(request.query.get("fieldValidation", ""))
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        body = await self._body(request)
+        # Synchronous from here: no other request runs inside the store's field_validation.
+        with self.store.field_validation(mode) as warnings:
+            response = self._write(request, t, body)
+        for warning in warnings:
+            response.headers.add("Warning", f'299 - "{warning.replace(chr(34), chr(92) + chr(34))}"')
+        return response
+
+    @staticmethod
+    def _who_am_i() -> Obj:
+        """A SelfSubjectReview: the sandbox does not authenticate; every caller is this one user."""
+        review = resources.SELF_SUBJECT_REVIEWS
+        user = {"username": "sandbox", "groups": ["system:masters", "system:authenticated"]}
+        return {"kind": review.kind, "apiVersion": review.api_version, "metadata": {"creationTimestamp": None},
+                "status": {"userInfo": user}}  # fmt: skip
+
+    @staticmethod
+    def _access_review(body: Any) -> Obj:
+        """A SelfSubjectAccessReview: the sandbox has no authorization, so everything is allowed,
+        and the answer says why."""
+        if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+            raise bad_request("a SelfSubjectAccessReview needs a spec")
+        review = resources.SELF_SUBJECT_ACCESS_REVIEWS
+        return {
+            "kind": review.kind, "apiVersion": review.api_version,
+            "metadata": {"creationTimestamp": None}, "spec": body["spec"],
+            "status": {"allowed": True,
+                       "reason": "the sharepack sandbox API server has no authorization: every request is allowed"},
+        }  # fmt: skip
+
+    def _write(self, request: web.Request, t: _Target, body: Any) -> web.Response:
+        store, method, ns = self.store, request.method, t.namespace or ""
+        if not t.name and method == "POST":
+            if t.namespace is None:
+                raise ApiError(405, "MethodNotAllowed", "create requires a namespace")
+            return _json_response(store.create(t.rt, ns, body), 201)
+        if t.subresource == "binding":
+            if method != "POST":
+                raise ApiError(405, "MethodNotAllowed", "binding only supports create")
+            store.bind(ns, t.name, body)
+            return _json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+        if t.name and method == "PUT":
+            return _json_response(store.update(t.rt, ns, t.name, body, t.subresource))
+        if t.name and method == "PATCH":
+            ctype = request.headers.get("Content-Type", "")
+            self._check_patch_options(request.query, ctype)
+            existed = store.exists(t.rt, ns, t.name)
+            return _json_response(store.patch(t.rt, ns, t.name, ctype, body, t.subresource), 200 if existed else 201)
+        raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed here")
+
+    async def _read_or_delete(self, request: web.Request, t: _Target) -> web.StreamResponse:
         store, q, method = self.store, request.query, request.method
         ns = t.namespace or ""
         if not t.name:
@@ -296,10 +397,6 @@ class FakeApiServer:
                 if tables.wants_table(request.headers.get("Accept", "")):
                     listed = tables.table(t.rt, listed["items"], listed["metadata"], q.get("includeObject", ""))
                 return _json_response(listed)
-            if method == "POST":
-                if t.namespace is None:
-                    raise ApiError(405, "MethodNotAllowed", "create requires a namespace")
-                return _json_response(store.create(t.rt, ns, await self._body(request)), 201)
             if method == "DELETE":
                 matches = store.matcher(t.rt, q.get("labelSelector", ""), q.get("fieldSelector", ""))
                 listed = store.list(t.rt, t.namespace, matches)
@@ -310,39 +407,65 @@ class FakeApiServer:
                 return _json_response(listed)
             raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed on a collection")
         if t.subresource == "binding":
-            if method != "POST":
-                raise ApiError(405, "MethodNotAllowed", "binding only supports create")
-            store.bind(ns, t.name, await self._body(request))
-            return _json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+            raise ApiError(405, "MethodNotAllowed", "binding only supports create")
         if method == "GET":
             obj = store.get(t.rt, ns, t.name)
             if tables.wants_table(request.headers.get("Accept", "")) and not t.subresource:
                 meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
                 obj = tables.table(t.rt, [obj], meta, q.get("includeObject", ""))
             return _json_response(obj)
-        if method == "PUT":
-            return _json_response(store.update(t.rt, ns, t.name, await self._body(request), t.subresource))
-        if method == "PATCH":
-            ctype = request.headers.get("Content-Type", "")
-            return _json_response(store.patch(t.rt, ns, t.name, ctype, await self._body(request), t.subresource))
         if method == "DELETE" and not t.subresource:
             body = await self._body(request)
             return _json_response(store.delete(t.rt, ns, t.name, body if isinstance(body, dict) else None))
         raise ApiError(405, "MethodNotAllowed", f"method {method} is not allowed here")
 
+    @staticmethod
+    def _check_patch_options(q: Mapping[str, str], content_type: str) -> None:
+        """The real server's PatchOptions rules: apply names its field manager; only apply forces."""
+        apply = content_type.split(";")[0].strip() == patching.APPLY
+        if apply and not q.get("fieldManager"):
+            cause = ("fieldManager", "Required value: is required for apply patch")
+        elif not apply and "force" in q:
+            cause = ("force", "Forbidden: may not be specified for non-apply patch")
+        else:
+            return
+        raise ApiError(422, "Invalid", f'PatchOptions.meta.k8s.io "" is invalid: {cause[0]}: {cause[1]}',
+                       kind="PatchOptions", group="meta.k8s.io",
+                       causes=[{"reason": "FieldValueInvalid", "message": cause[1], "field": cause[0]}])
+
+    @staticmethod
+    def _check_watch_options(q: Mapping[str, str]) -> None:
+        """The real server's rules for streaming lists (sendInitialEvents), as 422s."""
+        causes: list[tuple[str, str]] = []
+        match = q.get("resourceVersionMatch", "")
+        if "sendInitialEvents" in q:
+            if match != "NotOlderThan":
+                causes.append(("resourceVersionMatch", "Forbidden: sendInitialEvents requires setting "
+                                                       "resourceVersionMatch to NotOlderThan"))
+        elif match:
+            causes.append(("resourceVersionMatch", "Forbidden: resourceVersionMatch is forbidden for watch "
+                                                   "unless sendInitialEvents is provided"))
+        if causes:
+            raise ApiError(
+                422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: " + ", ".join(f"{f}: {m}" for f, m in causes),
+                kind="ListOptions", group="meta.k8s.io",
+                causes=[{"reason": "FieldValueForbidden", "message": m, "field": f} for f, m in causes],
+            )
+
     async def _watch(self, request: web.Request, t: _Target, matches: Any) -> web.StreamResponse:
         q = request.query
+        self._check_watch_options(q)
         initial = _flag(q, "sendInitialEvents")
         watcher = self.store.watch(t.rt, t.namespace, matches, q.get("resourceVersion", ""), initial=initial)
         bookmarks = _flag(q, "allowWatchBookmarks")
+        if initial:  # after the initial events already queued, before anything newer
+            watcher.queue.put_nowait(self._bookmark(t.rt, initial_end=True))
         timeout = float(q.get("timeoutSeconds", "0") or 0)
         deadline = time.monotonic() + timeout if timeout > 0 else None
         response = web.StreamResponse(headers={"Content-Type": _JSON})
         response.enable_chunked_encoding()
         try:
             await response.prepare(request)
-            if initial and bookmarks:
-                await self._write_event(response, watcher, self._bookmark(t.rt, initial_end=True))
             as_table = tables.wants_table(request.headers.get("Accept", ""))
             include = q.get("includeObject", "") if as_table else None
             await self._pump(response, watcher, t.rt, bookmarks, deadline, include)

@@ -23,6 +23,15 @@ class ResourceType:
     # A custom resource's create drops `status`, a pod's create resets it; nodes keep theirs.
     create_keeps_status: bool = True
     short_names: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+    # metadata.generation, bumped by spec changes: custom resources and (since 1.34) pods have one.
+    tracks_generation: bool = False
+    # What `kubectl get <category>` expands to: pods are in `all`.
+    categories: tuple[str, ...] = ()
+    # A custom resource (CRD): no strategic merge patch.
+    custom: bool = False
+    # Answered, never stored (SelfSubjectAccessReview): only `create`.
+    virtual: bool = False
 
     @property
     def api_version(self) -> str:
@@ -62,6 +71,8 @@ PODS = ResourceType(
     },
     create_keeps_status=False,
     short_names=("po",),
+    categories=("all",),
+    tracks_generation=True,
 )
 CONFIGMAPS = ResourceType(
     "", "v1", "configmaps", "ConfigMap", True, _META, status_subresource=False, short_names=("cm",)
@@ -118,9 +129,27 @@ NODE_GPU_STATES = ResourceType(
     unconditional_update=False,
     create_keeps_status=False,
     short_names=("ngs",),
+    custom=True,
+    tracks_generation=True,
 )
 
-ALL: tuple[ResourceType, ...] = (NAMESPACES, NODES, PODS, CONFIGMAPS, EVENTS, EVENTS_V1, NODE_GPU_STATES)
+LEASES = ResourceType(
+    "coordination.k8s.io", "v1", "leases", "Lease", True, _META, status_subresource=False
+)
+SELF_SUBJECT_ACCESS_REVIEWS = ResourceType(
+    "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False, frozenset(),
+    status_subresource=False, verbs=("create",), virtual=True,
+)
+SELF_SUBJECT_REVIEWS = ResourceType(
+    "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, frozenset(),
+    status_subresource=False, verbs=("create",), virtual=True,
+)
+
+ALL: tuple[ResourceType, ...] = (
+    NAMESPACES, NODES, PODS, CONFIGMAPS, EVENTS, EVENTS_V1, NODE_GPU_STATES, LEASES, SELF_SUBJECT_ACCESS_REVIEWS,
+    SELF_SUBJECT_REVIEWS,
+)
+STORED: tuple[ResourceType, ...] = tuple(r for r in ALL if not r.virtual)
 BY_PATH: Mapping[tuple[str, str, str], ResourceType] = {(r.group, r.version, r.plural): r for r in ALL}
 BY_KIND: Mapping[tuple[str, str], ResourceType] = {(r.api_version, r.kind): r for r in ALL}
 
@@ -135,9 +164,6 @@ SERVER_VERSION: dict[str, str] = {
     "compiler": "gc",
     "platform": "linux/amd64",
 }
-
-_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-
 
 def _groups() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
@@ -185,8 +211,9 @@ def api_resource_list(group: str, version: str) -> dict[str, Any] | None:
                 "singularName": r.singular,
                 "namespaced": r.namespaced,
                 "kind": r.kind,
-                "verbs": _VERBS,
+                "verbs": list(r.verbs),
                 "shortNames": list(r.short_names),
+                **({"categories": list(r.categories)} if r.categories else {}),
             }
         )
         if r.status_subresource:

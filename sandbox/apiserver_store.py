@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import re
 import uuid
@@ -21,6 +22,10 @@ from typing import Any
 
 import orjson
 
+from sandbox import apiserver_defaults as defaults
+from sandbox import apiserver_events as events
+from sandbox import apiserver_fields as fields
+from sandbox import apiserver_openapi as openapi
 from sandbox import apiserver_patching as patching
 from sandbox import apiserver_resources as resources
 from sandbox import apiserver_selectors as selectors
@@ -77,6 +82,14 @@ class ApiError(Exception):
         return body
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` is not a DNS subdomain (the rule for object names), or None."""
+    if len(name) <= 253 and _NAME_RE.match(name):
+        return None
+    return (f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric '
+            "characters, '-' or '.', and must start and end with an alphanumeric character")  # fmt: skip
+
+
 def not_found(rt: ResourceType, name: str) -> ApiError:
     qualified = f"{rt.plural}.{rt.group}" if rt.group else rt.plural
     return ApiError(404, "NotFound", f'{qualified} "{name}" not found', name=name, kind=rt.plural, group=rt.group)
@@ -115,6 +128,16 @@ class WatchEvent:
     prev: Obj | None  # the object before a MODIFIED, for selector transitions
 
 
+def stored_as(rt: ResourceType) -> ResourceType:
+    """Where `rt`'s objects live: events.k8s.io/v1 Events are the core v1 ones, converted."""
+    return resources.EVENTS if rt is resources.EVENTS_V1 else rt
+
+
+def present(rt: ResourceType, obj: Obj) -> Obj:
+    """A stored object as `rt` serves it."""
+    return events.to_v1(obj) if rt is resources.EVENTS_V1 else obj
+
+
 @dataclass(slots=True, eq=False)  # identity: watchers live in sets
 class Watcher:
     rt: ResourceType
@@ -125,16 +148,20 @@ class Watcher:
     def offer(self, event: WatchEvent) -> None:
         if self.namespace is not None and event.obj["metadata"].get("namespace", "") != self.namespace:
             return
-        now = self.matches(event.obj)
+        obj = present(self.rt, event.obj)
+        now = self.matches(obj)
         kind = event.type
         if kind == "MODIFIED" and event.prev is not None:
-            before = self.matches(event.prev)
+            prev = present(self.rt, event.prev)
+            before = self.matches(prev)
             if now and not before:
                 kind = "ADDED"
             elif before and not now:
+                # As the real watch cache: the object as it last matched, at the event's version.
+                obj = {**prev, "metadata": {**prev["metadata"], "resourceVersion": obj["metadata"]["resourceVersion"]}}
                 kind, now = "DELETED", True
         if now:
-            self.queue.put_nowait({"type": kind, "object": event.obj})
+            self.queue.put_nowait({"type": kind, "object": obj})
 
     def close(self) -> None:
         self.queue.put_nowait(None)
@@ -166,16 +193,44 @@ class Store:
         self.watchers: dict[ResourceType, set[Watcher]] = {rt: set() for rt in resources.ALL}
         self.by_uid: dict[str, tuple[ResourceType, Key]] = {}
         self._gc_handles: set[asyncio.TimerHandle] = set()
+        # The `fieldValidation` of the request being served, and the warnings it collects.
+        self._field_mode = "Ignore"
+        self._field_warnings: list[str] = []
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(resources.NAMESPACES, "", {"metadata": {"name": ns}})
+
+    @contextlib.contextmanager
+    def field_validation(self, mode: str) -> Iterator[list[str]]:
+        """Writes inside the block treat unknown fields as `mode` says; the block gets the warnings."""
+        self._field_mode, self._field_warnings = mode, []
+        try:
+            yield self._field_warnings
+        finally:
+            self._field_mode, self._field_warnings = "Ignore", []
+
+    def _drop_unknown_fields(self, rt: ResourceType, obj: Obj) -> None:
+        try:
+            dropped = fields.prune(obj, openapi.schema_of(rt))
+        except fields.TimeFormatError as e:
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {e}') from None
+        if dropped and self._field_mode == "Strict":
+            found = ", ".join(f'unknown field "{d}"' for d in dropped)
+            raise bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {found}'
+            )
+        if self._field_mode == "Warn":
+            self._field_warnings += [f'unknown field "{d}"' for d in dropped]
 
     # -- reading ---------------------------------------------------------------------------
 
     def get(self, rt: ResourceType, ns: str, name: str) -> Obj:
-        obj = self.objects[rt].get((ns, name))
+        obj = self.objects[stored_as(rt)].get((ns, name))
         if obj is None:
             raise not_found(rt, name)
-        return copy.deepcopy(obj)
+        return present(rt, copy.deepcopy(obj))
+
+    def exists(self, rt: ResourceType, ns: str, name: str) -> bool:
+        return self._key(rt, ns, name) in self.objects[stored_as(rt)]
 
     def matcher(self, rt: ResourceType, label_selector: str, field_selector: str) -> Matcher:
         try:
@@ -200,11 +255,12 @@ class Store:
                 raise bad_request(f"continue key is not valid: {cont}") from None
         items: list[Obj] = []
         meta: Obj = {"resourceVersion": str(self.rv)}
-        chosen = [
-            (key, obj)
-            for key, obj in sorted(self.objects[rt].items())
-            if (ns is None or key[0] == ns) and f"{key[0]}/{key[1]}" > start and matches(obj)
-        ]
+        shown = (
+            (key, present(rt, obj))
+            for key, obj in sorted(self.objects[stored_as(rt)].items())
+            if (ns is None or key[0] == ns) and f"{key[0]}/{key[1]}" > start
+        )
+        chosen = [(key, obj) for key, obj in shown if matches(obj)]
         for i, (key, obj) in enumerate(chosen):
             if limit and i == limit:
                 token = orjson.dumps({"rv": self.rv, "start": f"{items_key(items[-1])}"})
@@ -224,10 +280,12 @@ class Store:
         self, rt: ResourceType, ns: str | None, matches: Matcher, since: str, *, initial: bool = False
     ) -> Watcher:
         watcher = Watcher(rt, ns, matches)
+        rt = stored_as(rt)
         if since in ("", "0") or initial:
             for (ons, _), obj in sorted(self.objects[rt].items()):
-                if (ns is None or ons == ns) and matches(obj):
-                    watcher.queue.put_nowait({"type": "ADDED", "object": copy.deepcopy(obj)})
+                shown = present(watcher.rt, obj)
+                if (ns is None or ons == ns) and matches(shown):
+                    watcher.queue.put_nowait({"type": "ADDED", "object": copy.deepcopy(shown)})
         else:
             try:
                 start = int(since)
@@ -248,7 +306,7 @@ class Store:
         return watcher
 
     def unwatch(self, watcher: Watcher) -> None:
-        self.watchers[watcher.rt].discard(watcher)
+        self.watchers[stored_as(watcher.rt)].discard(watcher)
 
     def close_watches(self) -> None:
         for group in self.watchers.values():
@@ -279,12 +337,8 @@ class Store:
 
     def _validate(self, rt: ResourceType, obj: Obj, name: str) -> None:
         causes: list[tuple[str, str]] = []
-        if len(name) > 253 or not _NAME_RE.match(name):
-            causes.append((
-                "metadata.name",
-                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
-                "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
-            ))
+        if problem := name_problem(name):
+            causes.append(("metadata.name", problem))
         for i, ref in enumerate(obj["metadata"].get("ownerReferences") or []):
             where = f"metadata.ownerReferences[{i}]"
             if not isinstance(ref, dict):
@@ -293,6 +347,8 @@ class Store:
             for key in ("apiVersion", "kind", "name", "uid"):
                 if not ref.get(key):
                     causes.append((f"{where}.{key}", f'Invalid value: "": {key} must not be empty'))
+        if rt is resources.EVENTS:
+            causes += events.namespace_problems(obj, "involvedObject")
         if rt is resources.CONFIGMAPS:
             for section in ("data", "binaryData"):
                 for key, value in (obj.get(section) or {}).items():
@@ -326,7 +382,14 @@ class Store:
         return body
 
     def create(self, rt: ResourceType, ns: str, body: Any) -> Obj:
+        if rt is not stored_as(rt):
+            checked = self._check_body(rt, ns, copy.deepcopy(body))
+            problems = events.v1_problems(checked, name_problem)
+            if problems:
+                raise invalid(rt, checked["metadata"].get("name", ""), problems)
+            return present(rt, self.create(stored_as(rt), ns, events.to_core(checked)))
         obj = self._check_body(rt, ns, copy.deepcopy(body))
+        self._drop_unknown_fields(rt, obj)
         meta = obj["metadata"]
         if rt.namespaced and ("", ns) not in self.objects[resources.NAMESPACES]:
             raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', name=ns, kind="namespaces")
@@ -349,12 +412,14 @@ class Store:
         meta["name"] = name
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
-        if rt.status_subresource:
+        if rt.tracks_generation:
             meta["generation"] = 1
         if not rt.create_keeps_status:
             obj.pop("status", None)
             if rt is resources.PODS:
-                obj["status"] = {"phase": "Pending"}
+                defaults.default_pod(obj)
+        if rt is resources.NAMESPACES:
+            defaults.default_namespace(obj)
         meta["resourceVersion"] = self._next_rv()
         _stamp(rt, obj)
         self.objects[rt][key] = obj
@@ -381,6 +446,7 @@ class Store:
             )
         if meta.get("name", key[1]) != key[1]:
             raise bad_request("the name of the object does not match the name on the URL")
+        self._drop_unknown_fields(rt, new)
         if subresource == "status":
             result = copy.deepcopy(old)
             if "status" in new:
@@ -403,7 +469,7 @@ class Store:
             self._validate(rt, result, key[1])
             if rt is resources.PODS:
                 self._check_pod_update(old, result)
-            if rt.status_subresource and self._spec_part(result) != self._spec_part(old):
+            if rt.tracks_generation and self._spec_part(result) != self._spec_part(old):
                 rmeta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         _stamp(rt, result)
         result["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
@@ -438,6 +504,9 @@ class Store:
             )])
 
     def update(self, rt: ResourceType, ns: str, name: str, body: Any, subresource: str = "") -> Obj:
+        if rt is not stored_as(rt):
+            core = events.to_core(self._check_body(rt, ns, copy.deepcopy(body)))
+            return present(rt, self.update(stored_as(rt), ns, name, core, subresource))
         new = self._check_body(rt, ns, copy.deepcopy(body))
         key = self._key(rt, ns, name)
         old = self.objects[rt].get(key)
@@ -451,13 +520,20 @@ class Store:
         self, rt: ResourceType, ns: str, name: str, content_type: str, patch: Any, subresource: str = ""
     ) -> Obj:
         key = self._key(rt, ns, name)
-        old = self.objects[rt].get(key)
-        if old is None:
+        stored = self.objects[stored_as(rt)].get(key)
+        if stored is None and patching.APPLY in content_type:  # apply creates what is missing
+            if isinstance(patch, dict) and isinstance(patch.get("metadata"), dict):
+                if patch["metadata"].get("name", name) != name:
+                    raise bad_request("the name of the object does not match the name on the URL")
+                patch["metadata"]["name"] = name
+            return self.create(rt, ns, patch)
+        if stored is None:
             raise not_found(rt, name)
+        old = present(rt, stored)
         try:
-            if rt.group and patching.STRATEGIC in content_type:
+            if rt.custom and patching.STRATEGIC in content_type:
                 raise LookupError(content_type)  # custom resources have no strategic merge
-            new = patching.apply_patch(content_type, old, patch)
+            new = patching.apply_patch(content_type, old, patch, lambda: openapi.schema_of(rt))
         except LookupError:
             raise ApiError(
                 415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media "
@@ -471,9 +547,13 @@ class Store:
         sent_rv = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
         new.setdefault("metadata", {})["resourceVersion"] = sent_rv or old["metadata"]["resourceVersion"]
         self._check_body(rt, ns, new)
-        return self._replace(rt, key, old, new, subresource)
+        if rt is not stored_as(rt):
+            new = events.to_core(new)
+        return present(rt, self._replace(stored_as(rt), key, stored, new, subresource))
 
     def delete(self, rt: ResourceType, ns: str, name: str, options: Mapping[str, Any] | None = None) -> Obj:
+        if rt is not stored_as(rt):
+            return present(rt, self.delete(stored_as(rt), ns, name, options))
         key = self._key(rt, ns, name)
         obj = self.objects[rt].get(key)
         if obj is None:
@@ -492,6 +572,15 @@ class Store:
             obj["metadata"]["resourceVersion"] = self._next_rv()
             self._emit(rt, "MODIFIED", obj, prev)
             return copy.deepcopy(obj)
+        if rt is resources.PODS:
+            # A pod is deleted gracefully: the real server first records the deletion (an update,
+            # so watchers see MODIFIED with deletionTimestamp), then removes it. The sandbox
+            # removes it at once, as the real server does an unscheduled pod or grace period 0.
+            prev = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._emit(rt, "MODIFIED", obj, prev)
         return self._remove(rt, key)
 
     def _remove(self, rt: ResourceType, key: Key) -> Obj:

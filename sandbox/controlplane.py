@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 import kubernetes
+import urllib3
 import yaml
 
 from sandbox import kubebuild, pki
@@ -39,8 +40,16 @@ from sandbox.processes import LoggedProcess
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BackgroundControlPlane", "ControlPlaneUnavailable", "RealControlPlane", "free_port", "write_kubeconfig"]
+__all__ = [
+    "TRANSIENT_API_ERRORS", "BackgroundControlPlane", "ControlPlaneUnavailable", "RealControlPlane", "free_port",
+    "write_kubeconfig",
+]
 
+# What the kubernetes client raises when the API server is away (a restart, an outage), beside
+# the ApiException of an answer: callers that outlive outages retry on these.
+TRANSIENT_API_ERRORS: tuple[type[Exception], ...] = (
+    kubernetes.client.ApiException, OSError, urllib3.exceptions.HTTPError,
+)
 READY_TIMEOUT_S = 120.0
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -111,6 +120,9 @@ def scheduler_config(
         if tls is not None:
             extender["enableHTTPS"] = True
             extender["tlsConfig"] = {**(extender.get("tlsConfig") or {}), **tls}
+        else:  # an extender serving plain HTTP: the shipped certificate paths exist on no host here
+            extender["enableHTTPS"] = False
+            extender.pop("tlsConfig", None)
     return doc
 
 
@@ -130,6 +142,8 @@ class RealControlPlane:
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self._apiserver_args: list[str] = []
         self.scheduler_metrics_url = ""
+        self._supervisor: asyncio.Task[None] | None = None
+        self.scheduler_restarts = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -226,6 +240,10 @@ class RealControlPlane:
         await self._start_apiserver()
 
     async def stop(self) -> None:
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
         for name in ("scheduler", "apiserver", "etcd"):
             process: LoggedProcess | None = getattr(self, name)
             setattr(self, name, None)
@@ -376,9 +394,28 @@ class RealControlPlane:
         )
         await self.scheduler.start()
         await self._wait_leader(self.scheduler)
+        self._supervisor = asyncio.create_task(self._restart_scheduler_when_it_exits(), name="kube-scheduler-supervisor")
+
+    async def _restart_scheduler_when_it_exits(self) -> None:
+        """kube-scheduler exits when it cannot renew its leader lease (an API server away for
+        longer than the renew deadline): in a cluster the kubelet restarts its static pod."""
+        while self.scheduler is not None and self.scheduler.proc is not None:
+            code = await self.scheduler.proc.wait()
+            scheduler = self.scheduler
+            if scheduler is None:
+                return
+            self.scheduler_restarts += 1
+            log.warning("kube-scheduler exited with code %s; starting it again, as the kubelet would", code)
+            await scheduler.stop()
+            await asyncio.sleep(1.0)
+            await scheduler.start()
 
     async def stop_scheduler(self) -> None:
         """Stop kube-scheduler and forget its leader lease, so the next one leads at once."""
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
         process, self.scheduler = self.scheduler, None
         if process is not None:
             await process.stop()

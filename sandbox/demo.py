@@ -21,7 +21,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,16 +30,19 @@ import aiohttp
 import kubernetes
 import yaml
 
+from common import bars
 from common import state as gpustate
 from common.errors import StateSchemaError
 from common.policies import Policy
-from sandbox import controlplane, kubebuild
+from extender.metrics import parse_text
+from sandbox import certificates, controlplane, kubebuild
 from sandbox.apiserver import FakeApiServer
 from sandbox.controlplane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sandbox.identities import Identities
 from sandbox.nodes import NodeSpec, NodeStartError, SimulatedNode
 from sandbox.processes import LoggedProcess
 from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
+from sandbox.tcpproxy import RoundRobinProxy
 
 log = logging.getLogger("sandbox.demo")
 
@@ -50,8 +53,6 @@ PUBLISH_TIMEOUT_S = 10.0
 IN_PROCESS, REAL = "in-process", "real"
 CONTROL_PLANES = (IN_PROCESS, REAL)
 SCHEDULE_TIMEOUT_S = 30.0
-FULL = "\u2588"
-FREE = "\u2591"
 
 
 class DemoError(Exception):
@@ -126,16 +127,19 @@ def agent_config(replicas: int) -> str:
     )
 
 
-def bar(allocated: int, total: int) -> str:
-    return FULL * allocated + FREE * (total - allocated) + f" {allocated}/{total}"
-
-
 def render_states(states: Sequence[gpustate.NodeState], names: Sequence[str], out: TextIO) -> None:
     for name, st in zip(names, states, strict=True):
-        res = st.resource(SHARED_RESOURCE)
-        gpus = sorted(res.gpus, key=lambda g: int(g.index)) if res else ()
-        cells = "   ".join(f"GPU{g.index} {bar(g.allocated, g.total)}" for g in gpus)
-        print(f"    {name:<8} {cells}", file=out)
+        print("    " + bars.node_line(name, st.resource(SHARED_RESOURCE)), file=out)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderReplica:
+    process: LoggedProcess
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
 
 
 class Sandbox:
@@ -147,21 +151,30 @@ class Sandbox:
 
     def __init__(
         self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path,
-        *, control_plane: str = IN_PROCESS,
+        *, control_plane: str = IN_PROCESS, extender_replicas: int = 1, agent_args: Sequence[str] = (),
+        node_labels: Mapping[str, str] | None = None,
+        before_nodes: Callable[[Sandbox], Awaitable[None]] | None = None,
     ) -> None:  # fmt: skip
+        """`agent_args`, `node_labels`: for every node; `before_nodes`: runs once the control
+        plane is up, before any node or agent starts (objects the agents read at start)."""
         if control_plane not in CONTROL_PLANES:
             raise DemoError(f"invalid control plane: {control_plane} (choose from {', '.join(CONTROL_PLANES)})")
         self.policy = policy
         self.workload = workload
         self.root = root
         self.control_plane = control_plane
+        self.agent_args = tuple(agent_args)
+        self.node_labels = dict(node_labels or {})
+        self._before_nodes = before_nodes
         self.api_server = FakeApiServer()
         self.real: RealControlPlane | None = None
         self.kubeconfig = root / "kubeconfig"
         self.node_specs = [NodeSpec(f"node-{i}", machine, root / "agent-config.yaml") for i in range(nodes)]
         self.nodes: list[SimulatedNode] = []
-        self.extender: LoggedProcess | None = None
-        self.extender_url = ""
+        self.extender: LoggedProcess | None = None  # the first replica
+        self.extender_replicas = extender_replicas
+        self.replicas: list[ExtenderReplica] = []
+        self.extender_url = ""  # the one replica, or the proxy in front of them
         self._stack = contextlib.AsyncExitStack()
 
     @property
@@ -215,11 +228,13 @@ class Sandbox:
         (self.root / "agent-config.yaml").write_text(agent_config(self.workload.replicas))
         self.api: Any = controlplane.api_client(self.kubeconfig)
         self._stack.callback(self.api.close)
+        if self._before_nodes is not None:
+            await self._before_nodes(self)
 
         for i, spec in enumerate(self.node_specs):
             spec = NodeSpec(
-                spec.name, spec.machine, spec.config_file,
-                extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}",),
+                spec.name, spec.machine, spec.config_file, labels=self.node_labels,
+                extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}", *self.agent_args),
             )  # fmt: skip
             node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))
             self.nodes.append(await self._node(spec, node_root))
@@ -234,55 +249,72 @@ class Sandbox:
         except* NodeStartError as failed:
             raise DemoError(str(failed.exceptions[0])) from None
 
-        port = free_port()
-        self.extender_url = f"http://127.0.0.1:{port}"
-        extender_kubeconfig = await self.identities.extender_kubeconfig() if self.real else self.kubeconfig
-        self.extender = LoggedProcess(
-            [
-                sys.executable, "-m", "extender",
-                f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
-                f"--kubeconfig={extender_kubeconfig}", "--log-format=text",
-            ],
-            self.root / "extender.log",
-        )  # fmt: skip
-        await self.extender.start()
-        self._stack.push_async_callback(self.extender.stop)
-        self.session = aiohttp.ClientSession()
+        self.extender_kubeconfig = await self.identities.extender_kubeconfig() if self.real else self.kubeconfig
+        # Mutual TLS, as deployed: the extender answers only clients with this CA's certificate.
+        self.tls = certificates.write_tls_files(self.root / "tls")
+        client_tls = self.tls.client_context()
+        # Every call this session makes to the extender presents the scheduler's certificate.
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls))
         self._stack.push_async_callback(self.session.close)
-        await self._wait_ready()
-        await self._wait_states_cached()
+        for i in range(self.extender_replicas):
+            self.replicas.append(await self.start_extender(i))
+        self.extender = self.replicas[0].process
+        if len(self.replicas) > 1:  # one address for all, as a Service gives them
+            proxy = RoundRobinProxy([("127.0.0.1", r.port) for r in self.replicas])
+            await proxy.start()
+            self._stack.push_async_callback(proxy.stop)
+            self.extender_url = f"https://127.0.0.1:{proxy.port}"  # TLS passes through the proxy
+        else:
+            self.extender_url = self.replicas[0].url
         self.driver = SchedulerDriver(
-            self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False), seed=0
+            self.api, self.session, ExtenderConfig(self.extender_url, ignorable=False, tls=client_tls), seed=0
         )
         if self.real is not None:
             try:
-                await self.real.start_scheduler(self.extender_url)
+                await self.real.start_scheduler(self.extender_url, tls=self.tls.scheduler_tls_config())
             except ControlPlaneUnavailable as e:
                 raise DemoError(str(e)) from None
 
-    async def _wait_ready(self) -> None:
+    async def start_extender(self, index: int, port: int = 0) -> ExtenderReplica:
+        """Start extender replica `index` (on `port`, else a free one); return once it is ready
+        and has cached every node's NodeGpuState."""
+        port = port or free_port()
+        process = LoggedProcess(
+            [
+                sys.executable, "-m", "extender",
+                f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
+                f"--kubeconfig={self.extender_kubeconfig}", "--log-format=text", *self.tls.extender_args(),
+            ],
+            self.root / ("extender.log" if index == 0 else f"extender-{index}.log"),
+        )  # fmt: skip
+        await process.start()
+        self._stack.push_async_callback(process.stop)
+        replica = ExtenderReplica(process, port)
+        await self._wait_ready(replica)
+        await self._wait_states_cached(replica)
+        return replica
+
+    async def _wait_ready(self, replica: ExtenderReplica) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if self.extender is not None and self.extender.exited:
+            if replica.process.exited:
                 break
             with contextlib.suppress(aiohttp.ClientError):
-                async with self.session.get(f"{self.extender_url}/readyz") as resp:
+                async with self.session.get(f"{replica.url}/readyz") as resp:
                     if resp.status == 200:
                         return
             await asyncio.sleep(0.1)
-        tail = self.extender.log_tail() if self.extender is not None else ""
-        raise DemoError(f"extender at {self.extender_url} did not become ready:\n{tail}")
+        raise DemoError(f"extender at {replica.url} did not become ready:\n{replica.process.log_tail()}")
 
-    async def _wait_states_cached(self) -> None:
+    async def _wait_states_cached(self, replica: ExtenderReplica) -> None:
         """Every node has published its NodeGpuState and the extender holds them all. Ready
         means its caches listed once, maybe before an agent's first write: a pod scheduled then
         is scored as on unknown nodes, and `node_states()` can meet a 404."""
-        want = f"sharepack_extender_cache_nodes {len(self.nodes)}"
         deadline = time.monotonic() + PUBLISH_TIMEOUT_S
         while True:
             with contextlib.suppress(aiohttp.ClientError):
-                async with self.session.get(f"{self.extender_url}/metrics") as resp:
-                    if want in (await resp.text()).splitlines():
+                async with self.session.get(f"{replica.url}/metrics") as resp:
+                    if parse_text(await resp.text()).get("sharepack_extender_cache_nodes") == len(self.nodes):
                         return
             if time.monotonic() > deadline:
                 raise DemoError(f"the extender did not cache every node's NodeGpuState within {PUBLISH_TIMEOUT_S} s")

@@ -28,12 +28,13 @@ from typing import Any
 import kubernetes
 
 from sandbox.apiwatch import ApiSession, reflect
+from sandbox.controlplane import TRANSIENT_API_ERRORS
 from sandbox.kubelet import FakeKubelet
 from sandbox.kubelet_pods import AdmissionError, PodSpec
 
 log = logging.getLogger(__name__)
 
-LEASE_RENEW_S = 10.0
+LEASE_RENEW_S = 10.0  # as the kubelet: a quarter of the lease duration
 LEASE_DURATION_S = 40
 CAPACITY_POLL_S = 0.2
 DEFAULT_NODE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
@@ -106,6 +107,7 @@ class KubeletApi:
         self._handled: set[str] = set()  # pod UIDs admitted or rejected
         self._lock = asyncio.Lock()
         self.rejected: dict[str, str] = {}  # pod UID -> admission error
+        self._unreported: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}  # uid -> (meta, status)
         self.pods_seen = asyncio.Event()  # set after the first list of this node's pods
 
     # -- the Node --------------------------------------------------------------------------
@@ -169,7 +171,11 @@ class KubeletApi:
             "spec": {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_DURATION_S, "renewTime": now_micro()},
         }
         try:
-            await asyncio.to_thread(self._coordination.replace_namespaced_lease, self.name, "kube-node-lease", body)
+            # A patch: Leases refuse updates without a resourceVersion, and the renewal is
+            # this node's alone.
+            await asyncio.to_thread(
+                self._coordination.patch_namespaced_lease, self.name, "kube-node-lease", {"spec": body["spec"]}
+            )
         except kubernetes.client.ApiException as e:
             if e.status != 404:
                 raise
@@ -194,15 +200,19 @@ class KubeletApi:
     async def _status_loop(self) -> None:
         while True:
             await asyncio.sleep(CAPACITY_POLL_S)
-            with contextlib.suppress(kubernetes.client.ApiException, OSError):
+            with contextlib.suppress(*TRANSIENT_API_ERRORS):
                 await self.sync_status()
+            for uid, (meta, status) in list(self._unreported.items()):
+                with contextlib.suppress(*TRANSIENT_API_ERRORS):
+                    await self._report(meta, status)
+                    self._unreported.pop(uid, None)
 
     async def _lease_loop(self) -> None:
         while True:
             await asyncio.sleep(LEASE_RENEW_S)
             try:
                 await self.renew_lease()
-            except (kubernetes.client.ApiException, OSError) as e:
+            except TRANSIENT_API_ERRORS as e:
                 log.warning("node %s: renewing its lease failed: %s", self.name, getattr(e, "reason", e))
 
     async def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
@@ -211,6 +221,7 @@ class KubeletApi:
         phase = (pod.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in TERMINAL:
             await self.kubelet.remove_pod(uid)
+            self._unreported.pop(uid, None)
             return
         if meta.get("deletionTimestamp"):
             await self.kubelet.remove_pod(uid)
@@ -233,13 +244,19 @@ class KubeletApi:
                 self.rejected[uid] = str(e)
                 status = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": str(e)}
         try:
+            await self._report(meta, status)
+        except TRANSIENT_API_ERRORS:  # the API is away: the status loop writes it later
+            self._unreported[uid] = (meta, status)
+        return self.rejected.get(uid)
+
+    async def _report(self, meta: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        try:
             await asyncio.to_thread(
                 self._core.patch_namespaced_pod_status, meta["name"], meta["namespace"], {"status": status}
             )
         except kubernetes.client.ApiException as e:
             if e.status != 404:  # deleted meanwhile: nothing to report
                 raise
-        return self.rejected.get(uid)
 
     async def _finish_deletion(self, meta: Mapping[str, Any]) -> None:
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta.get("uid")}}

@@ -33,21 +33,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from common.errors import SharepackError
 from common.policies import NodePolicy, Policy
 from sandbox.controlplane import ControlPlaneUnavailable
 from sandbox.fleet import NodeShape, shapes_from_columns
 from sandbox.scalecluster import NAMESPACE, ScaleCluster, gpu_pod
-from tracesim import metrics, running, sharing, traces, workloads
-from tracesim.clusters import Request, requests_of
-from tracesim.replaying import RunResult
+
+# tracesim (and numpy) are imported where they are used: the sandbox package must import on a
+# plain install, which has no simulator (`sharepack[sim]`); this command needs it.
+if TYPE_CHECKING:
+    from tracesim import traces
+    from tracesim.clusters import Request
+    from tracesim.replaying import RunResult
 
 RESOURCE = "nvidia.com/gpu.shared"
 POD_TIMEOUT_S = 120.0
-FIRST_SEED = running.FIRST_SEED
 
 
 @dataclass(slots=True)
@@ -62,6 +64,10 @@ class Replay:
     seconds: float = 0.0
 
     def result(self, label: str) -> RunResult:
+        import numpy as np
+
+        from tracesim.replaying import RunResult
+
         events = len(self.arrived)
         return RunResult(
             policy=label, seed=self.seed, total_gpus=self.total_gpus,
@@ -71,6 +77,8 @@ class Replay:
         )  # fmt: skip
 
     def unallocated(self, point: int) -> float:
+        from tracesim import metrics
+
         return metrics.bin_run(self.result("kube")).unallocated(point)
 
 
@@ -79,6 +87,8 @@ def trace_shapes(nodes: traces.NodeList) -> list[NodeShape]:
 
 
 def pod_for(req: Request, name: str, replicas: int) -> dict[str, object]:
+    from tracesim import sharing
+
     count = req.num_gpu * sharing.replicas_for(req.milli, replicas) if req.num_gpu else 0
     products = [m for m in req.spec.split("|") if m] if req.num_gpu else []
     return gpu_pod(name, resource=RESOURCE, count=count, cpu_milli=req.cpu, memory_mib=req.memory, products=products)
@@ -87,6 +97,9 @@ def pod_for(req: Request, name: str, replicas: int) -> dict[str, object]:
 def sequence(pods: traces.PodList, nodes: traces.NodeList, seed: int, until: float) -> list[Request]:
     """The arrival sequence of `seed` up to one pod past `until` + 1 % arrived (the bins of
     `until` then hold every row they would hold in a full run)."""
+    from tracesim import workloads
+    from tracesim.clusters import requests_of
+
     reqs = requests_of(pods.take(workloads.arrival_order(pods, nodes, seed)))
     limit = (until + 1) * nodes.total_gpus * 10  # milli
     arrived = 0
@@ -128,6 +141,8 @@ def predicted(
     pods: traces.PodList, nodes: traces.NodeList, policy: str, replicas: int, seed: int, point: int
 ) -> tuple[str, float]:
     """tracesim's own figure for this policy and seed (its default scheduler model, replicas)."""
+    from tracesim import running
+
     (spec,) = running.default_specs([policy], "replicas", replicas)
     run = running.Experiment.build(pods, nodes).run(spec, seed)
     return spec.label, run.binned.unallocated(point)
@@ -135,6 +150,8 @@ def predicted(
 
 def first_nodes(nodes: traces.NodeList, count: int) -> traces.NodeList:
     """The first `count` nodes of the list (a smaller cluster for a quick look)."""
+    from tracesim import traces
+
     return traces.NodeList(
         source=f"{nodes.source} (first {count})", names=nodes.names[:count], cpu=nodes.cpu[:count],
         memory=nodes.memory[:count], num_gpu=nodes.num_gpu[:count], model=nodes.model[:count],
@@ -142,13 +159,15 @@ def first_nodes(nodes: traces.NodeList, count: int) -> traces.NodeList:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from tracesim import running, sharing
+
     p = argparse.ArgumentParser(prog="sharepack-replay-kube", description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--pods", type=Path, help="pod list CSV (default: built-in openb_pod_list_default.csv)")
     p.add_argument("--nodes", type=Path, help="node list CSV (default: built-in openb_node_list_gpu_node.csv)")
     p.add_argument("--policy", default="packed", help="the extender's --node-policy (default packed)")
     p.add_argument("--agent-policy", default="packed", help="the nodes' allocation policy (default packed)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, from 42 (default 3)")
-    p.add_argument("--first-seed", type=int, default=FIRST_SEED)
+    p.add_argument("--first-seed", type=int, default=running.FIRST_SEED)
     p.add_argument("--replicas", type=int, default=sharing.DEFAULT_REPLICAS, help="time-slicing replicas per GPU (default 10)")
     p.add_argument("--until", type=float, default=100.0, help="stop after this %% of GPU capacity arrived (default 100)")
     p.add_argument("--nodes-limit", type=int, default=0, help="only the first N nodes of the list (0: all)")
@@ -181,6 +200,11 @@ async def _run(args: argparse.Namespace, pods: traces.PodList, nodes: traces.Nod
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        from tracesim import sharing, traces
+    except ImportError as e:
+        print(f"sharepack-replay-kube: needs the simulator: pip install 'sharepack[sim]' ({e})", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes
 
+from agent import nvmlsim
 from common import podrequests
 from sandbox import kubebuild
 from sandbox.kubelet import FakeKubelet
@@ -96,6 +97,7 @@ class SimulatedNode:
         self._core: Any = kubernetes.client.CoreV1Api(api)
         self._kubeconfig = kubeconfig
         self._log_path = (log_dir or root) / f"agent-{spec.name}.log"
+        self.nvml_control = root / "nvml-control"  # XIDs for the simulated machine
         self._agent: LoggedProcess | None = None
         self._loop: asyncio.Task[None] | None = None
 
@@ -116,6 +118,7 @@ class SimulatedNode:
             f"--node-name={self.spec.name}",
             f"--kubeconfig={self._kubeconfig}",
             "--log-format=text",
+            "--metrics-listen=127.0.0.1:0",  # many agents on one host: any free port each
         ]  # fmt: skip
         if self.spec.config_file is not None:
             args.append(f"--config-file={self.spec.config_file}")
@@ -127,14 +130,7 @@ class SimulatedNode:
         await self.api.register()
         try:
             await self.kubelet.start()
-            agent = self._agent = LoggedProcess(self.agent_args(), self._log_path)
-            await agent.start()
-            try:
-                await self._wait_serving(agent, resources)
-            except Exception as e:
-                raise NodeStartError(
-                    f"node {self.name}: agent did not serve {list(resources)}: {e}\n{agent.log_tail()}"
-                ) from e
+            await self.start_agent(resources)
             await self.sync_status()
             if watch_pods:
                 self.watch_pods()
@@ -142,6 +138,29 @@ class SimulatedNode:
             # A caller registers stop() once start() returned: nothing else would stop these.
             await self.stop()
             raise
+
+    async def start_agent(self, resources: Sequence[str]) -> None:
+        """Start the agent; return once the kubelet has every one of `resources` from it."""
+        agent = self._agent = LoggedProcess(
+            self.agent_args(), self._log_path, env={nvmlsim.CONTROL_ENV: str(self.nvml_control)}
+        )
+        await agent.start()
+        try:
+            await self._wait_serving(agent, resources)
+        except Exception as e:
+            raise NodeStartError(
+                f"node {self.name}: agent did not serve {list(resources)}: {e}\n{agent.log_tail()}"
+            ) from e
+
+    async def kill_agent(self) -> None:
+        """SIGKILL the agent (its sockets stay behind, as after a crash)."""
+        if self._agent is not None:
+            await self._agent.kill()
+
+    def inject_xid(self, uuid: str, xid: int) -> None:
+        """An XID on a GPU of the simulated machine, through the agent's NVML control file."""
+        with self.nvml_control.open("a") as f:
+            f.write(nvmlsim.control_line(uuid, xid))
 
     def watch_pods(self) -> None:
         """From now on, admit the pods bound here as they come, renew the node's lease and post

@@ -11,7 +11,7 @@ import errno
 import os
 import shutil
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -26,9 +26,10 @@ def orphan_proof(args: Sequence[str]) -> list[str]:
 
 
 class LoggedProcess:
-    def __init__(self, args: Sequence[str], log_path: Path) -> None:
+    def __init__(self, args: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None = None) -> None:
         self.args = list(args)
         self.log_path = log_path
+        self.env = dict(env or {})
         self.proc: asyncio.subprocess.Process | None = None
         self._log: IO[bytes] | None = None
 
@@ -43,7 +44,7 @@ class LoggedProcess:
                 stdout=self._log,
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         except BaseException:
             # Callers register stop() only once start() returned: nothing else would close it.
@@ -60,6 +61,16 @@ class LoggedProcess:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+    async def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a node crash ends it: no cleanup runs."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     async def stop(self, grace: float = GRACE_S) -> None:
         proc, self.proc = self.proc, None

@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import logging
 import random
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,12 +49,15 @@ def _now() -> str:
 
 @dataclass(frozen=True, slots=True)
 class ExtenderConfig:
-    url_prefix: str  # e.g. "http://127.0.0.1:8888"
+    url_prefix: str  # e.g. "https://127.0.0.1:8888"
     weight: int = 5
     bind: bool = True
     ignorable: bool = True
     http_timeout: float = 5.0
     managed_prefixes: tuple[str, ...] = podrequests.DEFAULT_MANAGED_PREFIXES
+    # kube-scheduler's extender tlsConfig: the client certificate and the CA to trust
+    # (sandbox.certificates.TlsFiles.client_context). None: the session's default.
+    tls: ssl.SSLContext | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +192,11 @@ class SchedulerDriver:
                     continue
                 try:
                     decision = await self.schedule(meta.namespace, meta.name)
-                except (kubernetes.client.ApiException, SchedulingError) as e:
+                except kubernetes.client.ApiException as e:
+                    if e.status != 404:  # 404: deleted since the list
+                        log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e.reason)
+                    continue
+                except SchedulingError as e:
                     log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e)
                     continue
                 await self._record(pod, decision)
@@ -243,7 +251,8 @@ class SchedulerDriver:
     async def _post(self, ext: ExtenderConfig, verb: str, body: Mapping[str, Any]) -> Any:
         url = f"{ext.url_prefix.rstrip('/')}/{verb}"
         timeout = aiohttp.ClientTimeout(total=ext.http_timeout)
-        async with self._session.post(url, json=body, timeout=timeout) as resp:
+        tls = True if ext.tls is None else ext.tls  # aiohttp: True verifies with the defaults
+        async with self._session.post(url, json=body, timeout=timeout, ssl=tls) as resp:
             if resp.status != 200:
                 raise SchedulingError(f"extender {verb}: HTTP {resp.status}: {await resp.text()}")
             return await resp.json()

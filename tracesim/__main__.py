@@ -1,104 +1,43 @@
-"""`sharepack-simulate`: replay a GPU pod trace against placement policies and report fragmentation.
+"""`sharepack-simulate`: the entry point, importable without the simulator's extra.
 
-With no arguments it replays the built-in default trace (Alibaba cluster-trace-gpu-v2023,
-openb_pod_list_default on the 1,213 GPU nodes) with every policy over the study's ten seeds, and
-writes `tracesim-results.csv` (plus `_frag`, `_frag_ratio`, `_free_gpus` and `_failed` CSVs) and
-`tracesim-allocation.png`.
+numpy and matplotlib come with `pip install 'sharepack[sim]'` only (the agent and the extender
+need neither), so this module checks for them before importing the simulator (tracesim.cli)
+and says what to install instead of failing with a traceback.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-import numpy as np
-
-from common.errors import SharepackError
-from tracesim import policies, reporting, running, sharing, traces, workloads
-from tracesim.errors import PolicyError
+SIM_EXTRA = "sharepack[sim]"
+SIM_MODULES = ("numpy", "matplotlib")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="sharepack-simulate",
-        description="Replay a GPU pod trace (FGD study protocol) and measure GPU fragmentation per policy.",
-    )
-    p.add_argument("--pods", type=Path, help="pod list CSV (default: built-in openb_pod_list_default.csv)")
-    p.add_argument("--nodes", type=Path, help="node list CSV (default: built-in openb_node_list_gpu_node.csv)")
-    p.add_argument(
-        "--policy",
-        default=",".join(policies.NAMES),
-        help=f"comma-separated policies (default: all): {', '.join(policies.NAMES)}",
-    )
-    p.add_argument("--seeds", type=int, default=10, help="number of seeds, from 42 as the study (default: 10)")
-    p.add_argument("--first-seed", type=int, default=running.FIRST_SEED, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--replicas",
-        type=int,
-        default=sharing.DEFAULT_REPLICAS,
-        help="time-slicing replicas per GPU for packed/distributed (a divisor of 1000; default: 10)",
-    )
-    p.add_argument(
-        "--share-model",
-        choices=("milli", "replicas", "both"),
-        default="both",
-        help="how packed/distributed model a fractional share: on one GPU (milli), as replicas, or both (default)",
-    )
-    p.add_argument("--csv", type=Path, default=Path("tracesim-results.csv"), help="CSV output (default: %(default)s)")
-    p.add_argument("--plot", type=Path, default=Path("tracesim-allocation.png"), help="PNG output (default: %(default)s)")
-    p.add_argument("--published", type=Path, help="the study's cached results CSV to compare with (default: built-in means)")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    return p
+def missing_sim_modules() -> list[str]:
+    missing = []
+    for name in SIM_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):  # blocked in sys.modules, or a broken install
+            missing.append(name)
+    return missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    err = sys.stderr
-
-    def report(line: str) -> None:
-        if not args.quiet:
-            print(line, file=err, flush=True)
-
-    def live(line: str) -> None:
-        if not args.quiet and err.isatty():
-            print(f"\r{line}   ", end="", file=err, flush=True)
-
-    try:
-        if args.seeds < 1:
-            raise PolicyError(f"invalid --seeds {args.seeds}: expected at least 1")
-        names = [n.strip() for n in args.policy.split(",") if n.strip()]
-        if not names:
-            raise PolicyError("invalid --policy: no policy named")
-        sharing.check_replicas(args.replicas)
-        specs = running.default_specs(names, args.share_model, args.replicas)
-        pods = traces.load_pods(args.pods)
-        nodes = traces.load_nodes(args.nodes)
-        workload = traces.workload_name(pods)
-        report(f"trace {pods.source}: {len(pods)} pods; {nodes.source}: {len(nodes)} nodes, {nodes.total_gpus} GPUs")
-        experiment = running.Experiment.build(pods, nodes)
-        report(f"typical workload: {len(experiment.frag_model.freq)} pod shapes")
-        published = reporting.load_published(workload, args.published)  # before the runs: fail fast
-        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        results = running.run_all(experiment, specs, seeds, report=report, live=live)
-        summaries = [reporting.summarise(label, runs, published) for label, runs in results.items()]
-        print(f"{workload}: {len(seeds)} seed(s), tune {workloads.TUNE_RATIO}")
-        print(reporting.table(summaries))
-        print()
-        print(reporting.failures_table(results))
-        all_runs = [run for runs in results.values() for run in runs]
-        written = reporting.write_csvs(args.csv, workload, all_runs)
-        curves = {label: np.nanmean([r.binned.allocation for r in runs], axis=0) for label, runs in results.items()}
-        written.append(reporting.plot(args.plot, workload, curves, published))
-        report("wrote " + ", ".join(str(p) for p in written))
-    except SharepackError as e:
-        print(f"sharepack-simulate: {e}", file=err)
+    missing = missing_sim_modules()
+    if missing:
+        print(
+            f"sharepack-simulate: the simulator needs {', '.join(missing)}, which a plain install "
+            f"leaves out: pip install '{SIM_EXTRA}'",
+            file=sys.stderr,
+        )
         return 2
-    except OSError as e:
-        print(f"sharepack-simulate: cannot write output: {e}", file=err)
-        return 2
-    return 0
+    from tracesim import cli  # noqa: PLC0415 - only now that numpy is known to be there
+
+    return cli.main(argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import numpy as np
 
 from tracesim.fragmentation import BoolArray, FloatArray, FragModel, IntArray
 from tracesim.traces import MILLI, NodeList, PodList, accessible
-from tracesim.workloads import scoring_cpu
+from tracesim.workloads import scoring_cpu, scoring_memory
 
 MAX_GPUS = 8
 SHARE_TAG = 0  # affinity column of GPU-share pods; column k holds k-GPU pods (k = 1..8)
@@ -81,6 +81,10 @@ class Cluster:
         self.cpu_cap: IntArray = nodes.cpu.copy()
         self.cpu_left: IntArray = nodes.cpu.copy()
         self.mem_left: IntArray = nodes.memory.copy()
+        # Requests as kube-scheduler's LeastAllocated/MostAllocated count them (a zero request
+        # counts as its default): `kubescheduler` scores with these.
+        self.cpu_nonzero: IntArray = np.zeros(n, dtype=np.int64)
+        self.mem_nonzero: IntArray = np.zeros(n, dtype=np.int64)
         present = np.arange(MAX_GPUS)[None, :] < self.num_gpu[:, None]
         self.present: BoolArray = present
         self.gpu_left: IntArray = np.where(present, MILLI, 0).astype(np.int64)
@@ -138,6 +142,8 @@ class Cluster:
         take = gpus if isinstance(gpus, dict) else {g: req.milli for g in gpus}
         self.cpu_left[node] -= req.cpu
         self.mem_left[node] -= req.memory
+        self.cpu_nonzero[node] += req.cpu_score
+        self.mem_nonzero[node] += scoring_memory(req.memory)
         row = self.gpu_left[node]
         before_free = int((row == MILLI).sum())
         for g, milli in take.items():

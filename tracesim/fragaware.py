@@ -33,10 +33,15 @@ NAME = "ours"
 def common_workload(model: FragModel) -> fragmentation.TypicalWorkload:
     """The study's typical workload as `common.fragmentation` shapes (same order and weights)."""
     shapes = tuple(
-        fragmentation.Shape(int(n), int(m), float(f))
-        for n, m, f in zip(model.num_gpu, model.milli, model.freq, strict=True)
+        fragmentation.Shape(int(n), int(m), float(f), cpu=int(c))
+        for n, m, f, c in zip(model.num_gpu, model.milli, model.freq, model.cpu, strict=True)
     )
     return fragmentation.TypicalWorkload(shapes, source="trace typical workload")
+
+
+def access_masks(model: FragModel) -> list[int]:
+    """Per node, the shapes its GPU model admits, as an `admitted` bit mask."""
+    return [sum(1 << s for s, ok in enumerate(row) if ok) for row in model.access.tolist()]
 
 
 @dataclass(slots=True)
@@ -53,20 +58,11 @@ class _Run:
         self.cluster = cluster
         m = cluster.model
         self.measure = fragmentation.Fragmentation(common_workload(m))
-        self.shape_cpu = [int(c) for c in m.cpu]
-        self.access = [sum(1 << s for s, ok in enumerate(row) if ok) for row in m.access.tolist()]
+        self.access = access_masks(m)
         self.version = np.zeros(cluster.size, dtype=np.int64)
         self.gpu_seen = cluster.gpu_left.copy()
         self.cpu_seen = cluster.cpu_left.copy()
         self.kinds: dict[tuple[int, int, int], _Ranks] = {}
-        self._cpu_masks: dict[int, int] = {}
-
-    def cpu_mask(self, cpu_left: int) -> int:
-        mask = self._cpu_masks.get(cpu_left)
-        if mask is None:
-            mask = sum(1 << s for s, need in enumerate(self.shape_cpu) if cpu_left >= need)
-            self._cpu_masks[cpu_left] = mask
-        return mask
 
     def _sync(self) -> None:
         c = self.cluster
@@ -80,8 +76,9 @@ class _Run:
         c = self.cluster
         free = c.gpu_left[node, : c.num_gpu[node]].tolist()
         cpu = int(c.cpu_left[node])
-        before = self.access[node] & self.cpu_mask(cpu)
-        after = self.access[node] & self.cpu_mask(cpu - req.cpu_score)
+        # The study's shapes carry CPU, not memory: memory admits every shape here.
+        before = self.access[node] & self.measure.admitted(cpu, 0)
+        after = self.access[node] & self.measure.admitted(cpu - req.cpu_score, 0)
         if req.shared:
             best = self.measure.best_share_gpu(free, req.milli, before, after)
             assert best is not None, "feasible node without room for the share"

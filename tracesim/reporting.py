@@ -87,6 +87,43 @@ def table(summaries: Sequence[Summary]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """`policy` minus `baseline`, unallocated GPU % at 100 % arrived, over the seeds both ran."""
+
+    policy: str
+    baseline: str
+    seeds: int
+    mean: float
+    se: float  # standard error of the mean difference (sample sd / sqrt(seeds)); nan with one seed
+
+
+def paired(results: dict[str, list[Run]], baseline: str) -> list[Paired]:
+    """Each other policy against `baseline`, seed by seed (a seed fixes the arrival order, so
+    the difference is much less noisy than either figure)."""
+    base = {r.result.seed: r.binned.unallocated(100) for r in results.get(baseline, [])}
+    out = []
+    for label, runs in results.items():
+        if label == baseline:
+            continue
+        diffs = [r.binned.unallocated(100) - base[r.result.seed] for r in runs if r.result.seed in base]
+        if not diffs:
+            continue
+        se = float(np.std(diffs, ddof=1) / math.sqrt(len(diffs))) if len(diffs) > 1 else math.nan
+        out.append(Paired(label, baseline, len(diffs), float(np.mean(diffs)), se))
+    return out
+
+
+def paired_table(results: dict[str, list[Run]], baselines: Sequence[str]) -> str:
+    lines = [f"{'paired difference':<32} {'seeds':>5} {'mean':>7} {'se':>6}"]
+    lines.append("-" * len(lines[0]))
+    for b in baselines:
+        for d in paired(results, b):
+            lines.append(f"{d.policy + ' - ' + d.baseline:<32} {d.seeds:>5} {d.mean:>+7.2f} {_fmt(d.se):>6}")
+    lines.append("unallocated GPU % at 100 % arrived, policy minus baseline, same seeds (negative: fewer GPUs idle)")
+    return "\n".join(lines)
+
+
 def _fmt(value: float) -> str:
     return "" if math.isnan(value) else f"{value:.2f}"
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tracesim import metrics, policies, replaying, workloads
+from tracesim.errors import PolicyError
 from tracesim.fragmentation import FragModel
 from tracesim.policies import PolicySpec
 from tracesim.sharing import ShareModel
@@ -64,13 +65,28 @@ def run_all(
     return out
 
 
-def default_specs(names: Sequence[str], model: str, replicas: int) -> list[PolicySpec]:
-    """Specs for `names`; `model` "both" runs packed/distributed in the milli and replica models."""
+def default_specs(
+    names: Sequence[str],
+    model: str,
+    replicas: int,
+    scheduler: policies.SchedulerModel | None = None,
+    kube: policies.KubeOptions | None = None,
+) -> list[PolicySpec]:
+    """Specs for `names`; `model` "both" runs packed/distributed in the milli and replica
+    models under the study's scheduler (the kube model runs every policy in replicas)."""
+    kube = kube or policies.KubeOptions()
     specs: list[PolicySpec] = []
     for name in names:
-        if name in ("packed", "distributed") and model == "both":
-            specs.append(policies.resolve(name, model=ShareModel.MILLI, replicas=replicas))
-            specs.append(policies.resolve(name, model=ShareModel.REPLICAS, replicas=replicas))
+        sched = scheduler or policies.default_model(name)
+        if sched is policies.SchedulerModel.KUBE:
+            if model == "milli":
+                raise PolicyError(f"invalid --share-model milli for {name} with --scheduler-model kube: "
+                                  "the kube model counts GPUs as the device plugin does, in replicas")  # fmt: skip
+            specs.append(policies.resolve(name, replicas=replicas, scheduler=sched, kube=kube))
+        elif name in ("packed", "distributed", "fragaware") and model == "both":
+            specs.append(policies.resolve(name, model=ShareModel.MILLI, replicas=replicas, scheduler=sched))
+            specs.append(policies.resolve(name, model=ShareModel.REPLICAS, replicas=replicas, scheduler=sched))
         else:
-            specs.append(policies.resolve(name, model=ShareModel(model if model != "both" else "milli"), replicas=replicas))
+            share = ShareModel(model if model != "both" else "milli")
+            specs.append(policies.resolve(name, model=share, replicas=replicas, scheduler=sched))
     return specs

@@ -28,19 +28,22 @@ from enum import StrEnum
 
 import numpy as np
 
-from common import scoring
+from common import fragmentation, scoring
 from common.podrequests import ContainerKind, ContainerRequest, PodRequest
-from common.policies import MigStrategy, Policy, Sharing
+from common.policies import MigStrategy, NodePolicy, Policy, Sharing
 from common.state import GpuState, NodeState, ResourceState
-from tracesim.baselines import Choice, Scorer, best_fit_gpu, pick_top
+from tracesim.baselines import Choice, best_fit_gpu, pick_top
 from tracesim.clusters import MAX_GPUS, Cluster, Request
 from tracesim.errors import PolicyError
-from tracesim.fragmentation import IntArray
+from tracesim import fragaware
+from tracesim.fragmentation import FragModel, IntArray
+from tracesim.kubescheduler import Verdict, Verdicts
 from tracesim.traces import MILLI
 
 FULL = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
 DEFAULT_REPLICAS = 10
+ALL_BOTH = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
 
 
 class ShareModel(StrEnum):
@@ -103,21 +106,55 @@ def node_view(allocated: list[int], model: ShareModel, replicas: int, policy: Po
 
 
 @dataclass(frozen=True, slots=True)
-class Scored:
-    feasible: bool
-    score: int
-    per_gpu: tuple[int, ...]  # replicas the pod takes from each GPU (index order)
+class _FragContext:
+    """What `fragaware` knows of a trace's nodes beyond their GPUs: the typical workload (with
+    CPU; the study's shapes carry no memory), the GPU models' admitted shapes, and the CPU
+    thresholds at which a node starts or stops admitting a shape."""
+
+    model: FragModel
+    workload: fragmentation.TypicalWorkload
+    access: list[int]  # per node: shapes its GPU model admits (bit mask)
+    access_kind: IntArray  # per node: which distinct `access` mask it has
+    kinds: int
+    thresholds: IntArray  # sorted distinct shape CPU requests
+
+    @classmethod
+    def build(cls, model: FragModel) -> _FragContext:
+        workload = fragaware.common_workload(model)
+        assert all(s.memory == 0 for s in workload.shapes), "admitted classes assume no memory per shape"
+        access = fragaware.access_masks(model)
+        distinct = {m: i for i, m in enumerate(dict.fromkeys(access))}
+        kind = np.array([distinct[m] for m in access], dtype=np.int64)
+        thresholds = np.unique(np.array([s.cpu for s in workload.shapes], dtype=np.int64))
+        return cls(model, workload, access, kind, len(distinct), thresholds)
 
 
 class SharedScorer:
-    """`packed` / `distributed` through `common.scoring.score_node`, memoised."""
+    """`packed` / `distributed` / `fragaware` through `common.scoring.score_node`, memoised.
 
-    def __init__(self, policy: Policy, model: ShareModel, replicas: int) -> None:
+    As a `Scorer` (the study's scheduler model) it ranks nodes by their 0..10 score, ties by
+    node order; as a `kubescheduler.Extender` it gives each node's verdict (feasible, score,
+    fine rank, predicted placement) for the kube-scheduler model to choose from.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | NodePolicy,
+        model: ShareModel,
+        replicas: int,
+        *,
+        directed: bool = False,
+    ) -> None:
         check_replicas(replicas)
-        self.policy = policy
+        self.node_policy = policy
+        # The agents' allocation policy: `fragaware` ranks nodes, the node packs its GPUs.
+        self.policy = Policy.PACKED if policy == NodePolicy.FRAGAWARE else Policy(policy)
         self.model = model
         self.replicas = replicas
-        self._memo: dict[tuple[int, str], Scored] = {}
+        self.workload: fragmentation.TypicalWorkload | None = None  # `fragaware`: the trace's
+        self.directed = directed
+        self._memo: dict[tuple[int, int, str], Verdict] = {}
+        self._ctx: _FragContext | None = None
         self.calls = 0
 
     def allocated(self, cluster: Cluster, idx: IntArray) -> IntArray:
@@ -133,39 +170,86 @@ class SharedScorer:
         out: IntArray = (alloc + 1) @ weights
         return out
 
-    def _score(self, alloc_row: IntArray, request: PodRequest) -> Scored:
+    def _score(self, alloc_row: IntArray, request: PodRequest, admitted: tuple[int, int]) -> Verdict:
         allocated = [int(a) for a in alloc_row if a >= 0]
         state = node_view(allocated, self.model, self.replicas, self.policy)
         self.calls += 1
-        result = scoring.score_node(state, request, self.policy)
+        result = scoring.score_node(
+            state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed
+        )
         per_gpu = [0] * len(allocated)
         for keys in result.placement.values():
             for key in keys:
                 per_gpu[int(key.removeprefix("gpu"))] += 1
-        return Scored(result.feasible, result.score, tuple(per_gpu))
+        return Verdict(result.feasible, result.score, result.rank, tuple(per_gpu))
 
-    def __call__(self, cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
+    def _context(self, cluster: Cluster) -> _FragContext:
+        ctx = self._ctx
+        if ctx is None or ctx.model is not cluster.model:
+            # The trace's typical workload (with CPU), as `ours` uses it; a new trace, new memo.
+            ctx = self._ctx = _FragContext.build(cluster.model)
+            self.workload = ctx.workload
+            self._memo.clear()
+        return ctx
+
+    def _admitted_class(self, cluster: Cluster, req: Request, idx: IntArray) -> IntArray:
+        """Per node, a number that is equal for nodes admitting the same typical shapes before
+        and after the pod (`fragaware` only; 0 for the other policies)."""
+        if self.node_policy != NodePolicy.FRAGAWARE:
+            return np.zeros(len(idx), dtype=np.int64)
+        ctx = self._context(cluster)
+        n = len(ctx.thresholds) + 1
+        before = np.searchsorted(ctx.thresholds, cluster.cpu_left[idx], side="right")
+        after = np.searchsorted(ctx.thresholds, cluster.cpu_left[idx] - req.cpu, side="right")
+        out: IntArray = ((before * n + after) * ctx.kinds + ctx.access_kind[idx]).astype(np.int64)
+        return out
+
+    def _admitted(self, cluster: Cluster, req: Request, node: int) -> tuple[int, int]:
+        """The typical shapes `node` admits before and after the pod (GPU model, CPU and memory
+        left, by `common.fragmentation`'s rule), for `fragaware`; all for the other policies."""
+        if self.node_policy != NodePolicy.FRAGAWARE:
+            return ALL_BOTH
+        ctx = self._context(cluster)
+        measure = fragmentation.measure_for(ctx.workload)
+        cpu, mem = int(cluster.cpu_left[node]), int(cluster.mem_left[node])
+        access = ctx.access[node]
+        return access & measure.admitted(cpu, mem), access & measure.admitted(cpu - req.cpu, mem - req.memory)
+
+    def verdicts(self, cluster: Cluster, req: Request, idx: IntArray) -> Verdicts:
+        """Each node's verdict; nodes alike (same GPU counts, same admitted shapes) share one."""
         request = pod_request(req, self.model, self.replicas)
         alloc = self.allocated(cluster, idx)
-        sigs = self._signature(alloc)
-        results = []
-        for row, sig in zip(alloc, sigs, strict=True):
-            key = (int(sig), request.shape)
-            hit = self._memo.get(key)
+        sig, cls = self._signature(alloc), self._admitted_class(cluster, req, idx)
+        span = int(cls.max()) + 1 if len(cls) else 1
+        if len(sig) and int(sig.max()) < (1 << 62) // span:
+            # One int64 key per node (much faster to unique than rows), split again below.
+            uniq_keys, first, inverse = np.unique(sig * span + cls, return_index=True, return_inverse=True)
+            uniq = np.stack([uniq_keys // span, uniq_keys % span], axis=1)
+        else:
+            uniq, first, inverse = np.unique(np.stack([sig, cls], axis=1), axis=0, return_index=True, return_inverse=True)
+        memo = self._memo
+        shape = request.shape
+        out = []
+        for (sig_u, cls_u), i in zip(uniq.tolist(), first.tolist(), strict=True):
+            key = (sig_u, cls_u, shape)
+            hit = memo.get(key)
             if hit is None:
-                hit = self._memo[key] = self._score(row, request)
-            results.append(hit)
-        scores = np.array([r.score if r.feasible else -1 for r in results], dtype=np.int64)
+                hit = memo[key] = self._score(alloc[i], request, self._admitted(cluster, req, int(idx[i])))
+            out.append(hit)
+        return Verdicts(out, inverse.reshape(-1).astype(np.int64))
+
+    def __call__(self, cluster: Cluster, req: Request, idx: IntArray, rng: np.random.Generator) -> Choice:
+        v = self.verdicts(cluster, req, idx)
+        scores = np.where(v.feasible, v.score, -1)
         if self.model is ShareModel.REPLICAS:
             ok = scores >= 0
             if not ok.any():
                 return Choice(-1, [])
-            idx, scores = idx[ok], scores[ok]
-            results = [r for r, good in zip(results, ok, strict=True) if good]
+            idx, scores, v = idx[ok], scores[ok], v.take(np.flatnonzero(ok))
         node = pick_top(cluster, idx, scores)
         if self.model is ShareModel.MILLI:
             return Choice(node, self._one_gpu(cluster, node, req))
-        chosen = results[int(np.flatnonzero(idx == node)[0])]
+        chosen = v.at(int(np.flatnonzero(idx == node)[0]))
         step = MILLI // self.replicas
         return Choice(node, {g: n * step for g, n in enumerate(chosen.per_gpu) if n})
 
@@ -184,8 +268,8 @@ def replica_feasible(cluster: Cluster, req: Request, idx: IntArray, replicas: in
     return out
 
 
-def shared_scorer(name: str, model: ShareModel, replicas: int) -> Scorer:
-    policy = Policy(name)
-    if policy is Policy.SPREAD:
+def shared_scorer(name: str, model: ShareModel, replicas: int, *, directed: bool = False) -> SharedScorer:
+    policy = NodePolicy(name)
+    if policy is NodePolicy.SPREAD:
         raise PolicyError("invalid policy spread: it ranks nodes as distributed; use distributed")
-    return SharedScorer(policy, model, replicas)
+    return SharedScorer(policy, model, replicas, directed=directed)

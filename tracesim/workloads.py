@@ -26,10 +26,15 @@ from tracesim.traces import IntArray, NodeList, PodList
 TUNE_RATIO = 1.3
 TYPICAL_THRESHOLD = 0.95
 DEFAULT_CPU_REQUEST = 100  # kube-scheduler counts a zero CPU request as 100m when scoring
+DEFAULT_MEMORY_REQUEST = 200  # and a zero memory request as 200 MB (MiB here: the trace's unit)
 
 
 def scoring_cpu(cpu: int) -> int:
     return cpu if cpu > 0 else DEFAULT_CPU_REQUEST
+
+
+def scoring_memory(memory: int) -> int:
+    return memory if memory > 0 else DEFAULT_MEMORY_REQUEST
 
 
 def arrival_order(pods: PodList, nodes: NodeList, seed: int, ratio: float = TUNE_RATIO) -> IntArray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -136,6 +137,20 @@ async def running_agent(
     finally:
         agent.request_stop()
         await task
+
+
+async def stop_process(proc: asyncio.subprocess.Process, *, timeout: float = 10.0) -> int | None:
+    """SIGTERM a child that may still run and wait for its exit code; kill it if it will not go
+    in time (the code is then None). Safe to call on one that has exited."""
+    if proc.returncode is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return None
 
 
 def pod(uid: str, resource: str, count: int = 1) -> PodSpec:

@@ -57,7 +57,7 @@ async def test_cli_serves_a_simulated_machine_reloads_on_sighup_and_drains_on_si
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent",
             "--simulated-machine", "dgx-a100",
-            "--kubelet-socket", str(kubelet.socket_path),
+            "--kubelet-socket", str(kubelet.socket_path), "--metrics-listen", "127.0.0.1:0",
             "--config-file", str(config_file),
             "--shared-devices-allocation-policy", "packed",
             stderr=asyncio.subprocess.PIPE, env=env, cwd=REPO,
@@ -95,7 +95,7 @@ async def test_cli_publishes_the_node_state_when_an_api_is_configured() -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent",
             "--simulated-machine", "t4-pcie",
-            "--kubelet-socket", str(kubelet.socket_path),
+            "--kubelet-socket", str(kubelet.socket_path), "--metrics-listen", "127.0.0.1:0",
             "--pod-resources-socket", str(kubelet.pod_resources_socket),
             "--kubeconfig", str(kubeconfig), "--node-name", "node-0", "--log-format", "json",
             stderr=asyncio.subprocess.PIPE, env=env, cwd=REPO,
@@ -131,7 +131,8 @@ async def test_cli_without_a_driver_honours_fail_on_init_error() -> None:
     async with fake_kubelet() as kubelet:
         machine = kubelet.root / "no-driver.yaml"
         machine.write_text(NO_DRIVER)
-        common = ["--simulated-machine", str(machine), "--kubelet-socket", str(kubelet.socket_path)]
+        common = ["--simulated-machine", str(machine), "--kubelet-socket", str(kubelet.socket_path),
+                  "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
 
         failing = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent", *common, stderr=asyncio.subprocess.PIPE, cwd=REPO

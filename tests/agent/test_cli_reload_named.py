@@ -33,7 +33,7 @@ async def test_sighup_keeps_the_named_config_of_the_node_label() -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent",
             "--simulated-machine", "t4-pcie",
-            "--kubelet-socket", str(kubelet.socket_path),
+            "--kubelet-socket", str(kubelet.socket_path), "--metrics-listen", "127.0.0.1:0",
             "--pod-resources-socket", str(kubelet.pod_resources_socket),
             "--kubeconfig", str(kubeconfig), "--node-name", "node-0",
             "--node-config-configmap", "default/named", "--config-file", str(config_file),

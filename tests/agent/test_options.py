@@ -48,6 +48,9 @@ def test_only_given_config_flags_reach_load_config_and_win_over_env() -> None:
         pytest.param(["--state-heartbeat-seconds", "0"], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "15"}, "state_heartbeat_s", 0.0, id="state heartbeat flag beats env and 0 turns it off"),
         pytest.param([], {"SHAREPACK_STATE_MIN_WRITE_INTERVAL_SECONDS": "2"}, "state_min_write_interval_s", 2.0, id="write interval from env"),
         pytest.param([], {}, "state_min_write_interval_s", 0.5, id="write interval default is half a second"),
+        pytest.param([], {}, "metrics_listen", ("0.0.0.0", 9400), id="metrics on every address at port 9400 by default"),
+        pytest.param([], {"SHAREPACK_METRICS_LISTEN": "127.0.0.1:9500"}, "metrics_listen", ("127.0.0.1", 9500), id="metrics address from env"),
+        pytest.param(["--metrics-listen", "[::1]:0"], {"SHAREPACK_METRICS_LISTEN": "127.0.0.1:9500"}, "metrics_listen", ("::1", 0), id="metrics flag beats env and takes ipv6"),
     ],
 )
 def test_process_options(argv: list[str], env: dict[str, str], attr: str, expected: object) -> None:
@@ -63,6 +66,8 @@ def test_process_options(argv: list[str], env: dict[str, str], attr: str, expect
         pytest.param([], {"SHAREPACK_STATE_HEARTBEAT_SECONDS": "soon"}, "invalid --state-heartbeat-seconds option: soon (from env SHAREPACK_STATE_HEARTBEAT_SECONDS", id="bad heartbeat names the env var"),
         pytest.param(["--state-heartbeat-seconds", "nan"], {}, "invalid --state-heartbeat-seconds option: nan", id="nan heartbeat"),
         pytest.param(["--state-min-write-interval-seconds", "-1"], {}, "invalid --state-min-write-interval-seconds option: -1", id="negative write interval"),
+        pytest.param([], {"SHAREPACK_METRICS_LISTEN": "9400"}, "invalid --metrics-listen option: '9400' (want HOST:PORT) (from env SHAREPACK_METRICS_LISTEN", id="metrics address without a host names the env var"),
+        pytest.param(["--metrics-listen", "0.0.0.0:70000"], {}, "invalid --metrics-listen option: '0.0.0.0:70000'", id="metrics port out of range"),
         pytest.param(["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag", id="unknown flag"),
     ],
 )

@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client, config
 
 from sandbox.apiserver import FakeApiServer
+from tests.apiserver.endpoints import Endpoint
 
 
 @pytest.fixture
@@ -27,5 +28,30 @@ def api(server: FakeApiServer, tmp_short: Path) -> Iterator[client.ApiClient]:
     api_client = config.new_client_from_config(config_file=str(kubeconfig))
     try:
         yield api_client
+    finally:
+        api_client.close()
+
+
+@pytest.fixture(params=["sandbox", "real"])
+async def kube(request: pytest.FixtureRequest, tmp_short: Path) -> AsyncIterator[Endpoint]:
+    """The protocol tests' endpoint: each runs on the sandbox API server and on the real
+    kube-apiserver (skipped, with the reason, where the real control plane is not built)."""
+    if request.param == "sandbox":
+        async with FakeApiServer(bookmark_interval=0.1) as srv:
+            kubeconfig = srv.write_kubeconfig(tmp_short / "kubeconfig")
+            api_client = config.new_client_from_config(config_file=str(kubeconfig))
+            try:
+                yield Endpoint("sandbox", kubeconfig, api_client, srv)
+            finally:
+                api_client.close()
+        return
+    try:
+        control = request.getfixturevalue("real_control_plane")
+    except pytest.FixtureLookupError:
+        pytest.skip("no real_control_plane fixture in tests/conftest.py")
+    kubeconfig = Path(control.kubeconfig)
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        yield Endpoint("real", kubeconfig, api_client, control=control)
     finally:
         api_client.close()

@@ -15,7 +15,7 @@ from aiohttp import ClientSession
 from kubernetes import client
 
 from common import state as gpustate
-from sandbox import apiserver_tables as tables
+from sandbox import apiserver_printers as printers
 from sandbox.apiserver import FakeApiServer
 
 CRD = Path(__file__).parents[2] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
@@ -61,7 +61,7 @@ def test_the_nodegpustate_columns_are_the_crds_printer_columns() -> None:
         (c["name"], c["type"], c["jsonPath"], c.get("priority", 0), c.get("description", ""))
         for c in version["additionalPrinterColumns"]
     ]
-    got = [(c.name, c.type, c.json_path, c.priority, c.description) for c in tables.NODE_GPU_STATE_COLUMNS]
+    got = [(c.name, c.type, c.json_path, c.priority, c.description) for c in printers.NODE_GPU_STATE_COLUMNS]
     assert got == want
 
 
@@ -76,12 +76,6 @@ CASES = {
         ["Name", "Free GPUs", "Replicas", "Policy", "Schema", "Observed", "Age"],
         ["gpu-1", 3, "4/16", "packed", 1],
     ),
-    "pod list": (
-        "/api/v1/namespaces/default/pods",
-        ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node"],
-        ["p1", "0/1", "Pending", 0],
-    ),
-    "node list": ("/api/v1/nodes", ["Name", "Age"], ["gpu-1"]),
 }
 
 
@@ -121,7 +115,7 @@ AGES = {"seconds": (45, "45s"), "minutes": (330, "5m30s"), "hours": (3 * 3600 + 
 
 @pytest.mark.parametrize(("seconds", "text"), AGES.values(), ids=AGES.keys())
 def test_ages_print_as_kubectl_prints_them(seconds: int, text: str) -> None:
-    assert tables.human_age(seconds) == text
+    assert printers.human_age(seconds) == text
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")

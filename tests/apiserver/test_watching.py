@@ -1,4 +1,5 @@
-"""Watches (event order, resource versions, selectors, 410 Gone, bookmarks) and outages."""
+"""Periodic bookmarks and outages, which only the sandbox server can stage (the watch protocol
+itself is in test_protocol, run on both servers)."""
 
 from __future__ import annotations
 
@@ -27,57 +28,6 @@ def _collect(api: client.ApiClient, count: int, **kwargs: Any) -> list[tuple[str
         if len(out) == count:
             w.stop()
     return out
-
-
-async def test_a_watch_from_a_version_replays_then_follows(api: client.ApiClient) -> None:
-    core = client.CoreV1Api(api)
-    await asyncio.to_thread(core.create_namespaced_pod, "default", _pod("before"))
-    rv = (await asyncio.to_thread(core.list_pod_for_all_namespaces)).metadata.resource_version
-    await asyncio.to_thread(core.create_namespaced_pod, "default", _pod("a"))
-    await asyncio.to_thread(core.patch_namespaced_pod, "a", "default", {"metadata": {"labels": {"x": "1"}}})
-    watching = asyncio.create_task(asyncio.to_thread(_collect, api, 4, resource_version=rv))
-    await asyncio.to_thread(core.delete_namespaced_pod, "a", "default")
-    await asyncio.to_thread(core.create_namespaced_pod, "default", _pod("b"))
-    got = await watching
-    assert got == [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a"), ("ADDED", "b")]
-
-
-async def test_a_watch_without_a_version_starts_with_the_current_objects(api: client.ApiClient) -> None:
-    core = client.CoreV1Api(api)
-    for name in ("p1", "p2"):
-        await asyncio.to_thread(core.create_namespaced_pod, "default", _pod(name))
-    got = await asyncio.to_thread(_collect, api, 2)
-    assert got == [("ADDED", "p1"), ("ADDED", "p2")]
-
-
-async def test_a_selector_watch_sees_objects_enter_and_leave(api: client.ApiClient) -> None:
-    core = client.CoreV1Api(api)
-    rv = (await asyncio.to_thread(core.list_pod_for_all_namespaces)).metadata.resource_version
-    await asyncio.to_thread(core.create_namespaced_pod, "default", _pod("p"))
-    await asyncio.to_thread(core.patch_namespaced_pod, "p", "default", {"metadata": {"labels": {"on": "1"}}})
-    await asyncio.to_thread(core.patch_namespaced_pod, "p", "default", {"metadata": {"labels": {"on": "2"}}})
-    got = await asyncio.to_thread(_collect, api, 2, resource_version=rv, label_selector="on=1")
-    assert got == [("ADDED", "p"), ("DELETED", "p")]
-
-
-async def test_binding_shows_up_in_a_node_watch(api: client.ApiClient) -> None:
-    core = client.CoreV1Api(api)
-    rv = (await asyncio.to_thread(core.list_pod_for_all_namespaces)).metadata.resource_version
-    await asyncio.to_thread(core.create_namespaced_pod, "default", _pod("p"))
-    binding = {"metadata": {"name": "p"}, "target": {"kind": "Node", "name": "node-0"}}
-    await asyncio.to_thread(core.create_namespaced_pod_binding, "p", "default", binding, _preload_content=False)
-    got = await asyncio.to_thread(_collect, api, 1, resource_version=rv, field_selector="spec.nodeName=node-0")
-    assert got == [("ADDED", "p")]
-
-
-async def test_a_compacted_version_answers_410_gone(api: client.ApiClient, server: FakeApiServer) -> None:
-    core = client.CoreV1Api(api)
-    rv = (await asyncio.to_thread(core.list_pod_for_all_namespaces)).metadata.resource_version
-    await asyncio.to_thread(core.create_namespaced_pod, "default", _pod("p"))
-    server.store.compact()
-    with pytest.raises(client.ApiException) as info:
-        await asyncio.to_thread(_collect, api, 1, resource_version=rv)
-    assert info.value.status == 410
 
 
 async def test_bookmarks_carry_the_current_version(api: client.ApiClient, server: FakeApiServer) -> None:

@@ -335,10 +335,10 @@ async def test_health_readiness_and_metrics() -> None:
         resp = await c.get("/metrics")
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         samples = parse_text(await resp.text())
-    assert samples['sharepack_extender_requests_total{verb="filter",code="200"}'] == 1
-    assert samples['sharepack_extender_requests_total{verb="filter",code="400"}'] == 1
+    assert samples['sharepack_extender_requests_total{code="200",verb="filter"}'] == 1
+    assert samples['sharepack_extender_requests_total{code="400",verb="filter"}'] == 1
     assert samples['sharepack_extender_request_duration_seconds_count{verb="prioritize"}'] == 1
-    assert samples['sharepack_extender_request_duration_seconds_bucket{verb="prioritize",le="+Inf"}'] == 1
+    assert samples['sharepack_extender_request_duration_seconds_bucket{le="+Inf",verb="prioritize"}'] == 1
     assert samples["sharepack_extender_cache_nodes"] == 4
     assert samples['sharepack_extender_predictions_total{outcome="match"}'] == 0
 

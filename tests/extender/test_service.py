@@ -156,20 +156,29 @@ async def test_bind_creates_the_binding_and_counts_the_pod_at_once(server: FakeA
     assert samples['sharepack_extender_binds_total{result="success"}'] == 1
 
 
-async def test_bind_reads_a_pod_it_has_not_seen_and_reports_api_errors(server: FakeApiServer, service: Service) -> None:
+async def test_bind_reads_the_pod_from_the_api_and_refuses_what_it_cannot_bind(
+    server: FakeApiServer, service: Service
+) -> None:
     await synced(service)
+    await until(service, lambda: "node-b" in service.view.scorers)
     uid = create_pod(server, "fresh", n=2)
+    pod = server.store.get(kinds.PODS, "default", "fresh")
+    code, _ = await call(service, "POST", "/filter", {"Pod": pod, "NodeNames": ["node-a", "node-b"]})
+    assert code == 200
     code, reply = await call(service, "POST", "/bind",
                              {"PodName": "fresh", "PodNamespace": "default", "PodUID": uid, "Node": "node-b"})
     assert (code, reply["Error"]) == (200, "")
     assert sum(allocated(service, "node-b")) == 2
-    # Binding it again: the API refuses (already assigned) and the reply says so, HTTP 200.
+    # Binding it again: the pod as the API has it is bound; refused before the API is asked.
     code, reply = await call(service, "POST", "/bind",
                              {"PodName": "fresh", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"})
-    assert code == 200 and "409" in reply["Error"] and "already assigned" in reply["Error"]
+    assert (code, reply["Error"]) == (
+        200, "sharepack: bind refused (already-bound): pod default/fresh is already bound to node node-b")
     code, reply = await call(service, "POST", "/bind",
                              {"PodName": "ghost", "PodNamespace": "default", "PodUID": "x", "Node": "node-a"})
-    assert code == 200 and "404" in reply["Error"]
+    assert code == 200 and reply["Error"].startswith("sharepack: bind refused (pod-unreadable): reading pod "
+                                                     "default/ghost failed: API answered 404")  # fmt: skip
+    assert server.store.get(kinds.PODS, "default", "fresh")["spec"]["nodeName"] == "node-b"
 
 
 async def test_a_bind_the_api_refuses_leaves_nothing_counted(server: FakeApiServer, service: Service) -> None:
@@ -255,8 +264,12 @@ def test_flags() -> None:
     pytest.param(["--resync", "0"], "--resync option: 0.0", id="a zero resync period"),
     pytest.param(["--assume-ttl", "nan"], "--assume-ttl option: nan", id="a nan assume ttl"),
     pytest.param(["--max-body-bytes", "-1"], "--max-body-bytes option: -1", id="a negative body limit"),
-    pytest.param(["--tls-cert-file", "/nonexistent/tls.crt", "--tls-private-key-file", "/nonexistent/tls.key"],
+    pytest.param(["--tls-cert-file", "/nonexistent/tls.crt", "--tls-private-key-file", "/nonexistent/tls.key",
+                  "--client-ca-file", "/nonexistent/ca.crt"],
                  "/nonexistent/tls.crt, /nonexistent/tls.key: No such file", id="missing certificate files"),
+    pytest.param(["--metrics-listen", "9400"], "invalid --metrics-listen option: '9400'", id="a metrics port without host"),
+    pytest.param(["--scheduler-name", ""], "invalid --scheduler-name option: ''", id="an empty scheduler name"),
+    pytest.param(["--unscored-binds", "allow"], "invalid choice: 'allow'", id="an unknown unscored-binds mode"),
 ])  # fmt: skip
 def test_a_bad_flag_is_a_usage_error_naming_the_value(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]

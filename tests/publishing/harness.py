@@ -169,7 +169,7 @@ async def node(
         publication = asyncio.create_task(
             publishing.run_publication(
                 agent, api, NODE, pod_resources_socket=kubelet.pod_resources_socket,
-                settings=settings, config_source=config_source, reloader=reloader,
+                settings=settings, config_source=config_source, reloader=reloader, metrics=agent.metrics,
             ),
             name="publication-under-test",
         )

@@ -59,6 +59,9 @@ async def test_a_label_change_switches_from_distributed_to_packed_live() -> None
         applied = await wait_object(n.server, kinds.EVENTS, lambda e: e.get("reason") == "ConfigApplied"
                                     and "packed" in e.get("message", ""))
         assert applied["involvedObject"]["name"] == NODE and applied["type"] == "Normal"
+        reloads = "sharepack_agent_config_reloads_total"
+        assert n.agent.metrics.value(reloads, source="configmap", outcome="success") == 1
+        assert n.agent.metrics.value(reloads, source="configmap", outcome="failure") == 0
 
 
 async def test_without_a_label_the_default_fallback_rules_apply() -> None:
@@ -83,6 +86,8 @@ async def test_an_invalid_named_config_is_reported_and_the_old_one_keeps_serving
         assert event["involvedObject"]["uid"] == n.server.store.get(kinds.NODES, "", NODE)["metadata"]["uid"]
         assert "spreadd" in event["message"]
         assert n.agent.config.allocation_policy is Policy.DISTRIBUTED
+        reloads = "sharepack_agent_config_reloads_total"
+        assert n.agent.metrics.value(reloads, source="configmap", outcome="failure") == 1
         # still serving: a pod is admitted, and published under the old policy
         uid = await n.start_pod("p0")
         state = await n.wait_state(lambda s: uid in {p for g in s.resources[0].gpus for p in g.pods})

@@ -16,12 +16,20 @@ async def test_pods_started_through_the_kubelet_are_published_within_a_second() 
         first = await n.wait_state(lambda s: s.resource("nvidia.com/gpu") is not None)
         assert [(g.total, g.allocated) for g in first.resources[0].gpus] == [(4, 0), (4, 0)]
         uids = []
+        delays = "sharepack_agent_state_publish_delay_seconds_count"
         for i in range(3):
+            measured = n.agent.metrics.value(delays)
             uid = await n.start_pod(f"p{i}")
             watch = Stopwatch()
             await n.wait_state(lambda s, uid=uid: uid in pods_of(s), timeout=1.0)
             assert watch.elapsed() < 1.0
+            # The store has the write before the writer resumes to time it: wait for the count.
+            async with asyncio.timeout(2.0):
+                while n.agent.metrics.value(delays) <= measured:
+                    await asyncio.sleep(0.01)
             uids.append(uid)
+        # each pod was waited for before the next started: one write at least for each
+        assert n.agent.metrics.value("sharepack_agent_state_writes_total") >= 3
         state = await n.wait_state(lambda s: pods_of(s) == set(uids))
         # distributed: 3 single replicas over 2 GPUs -> 2 + 1
         assert sorted(held(state).values()) == [1, 2]
@@ -96,6 +104,8 @@ async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up(m
         state = await n.wait_state(lambda s: pods_of(s) == set(uids), timeout=5.0)
         assert sum(held(state).values()) == 3
         assert watch.elapsed() < 3.0
+        if mode == "unavailable":  # answered 503; a refused reconnect may just wait out the outage
+            assert n.agent.metrics.value("sharepack_agent_state_write_errors_total") >= 1
 
 
 async def test_a_deleted_object_is_written_again() -> None:
@@ -170,6 +180,35 @@ async def test_an_object_edited_by_someone_else_is_rewritten_at_resync() -> None
         n.server.store.update(kinds.NODE_GPU_STATES, "", NODE, obj, "status")
         assert n.published() is not None and n.published().allocation_policy is Policy.SPREAD  # type: ignore[union-attr]
         await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED, timeout=2.0)
+
+
+async def test_a_state_deleted_by_hand_is_written_again_at_once_not_at_resync() -> None:
+    """The agent watches its own object: with the resync ten minutes away, only the watch can
+    bring it back."""
+    import dataclasses
+
+    from tests.publishing.harness import FAST
+
+    async with node(config(time_slicing(2)), gpus(1), settings=dataclasses.replace(FAST, resync_s=600)) as n:
+        uid = await n.start_pod("p0")
+        await n.wait_state(lambda s: uid in pods_of(s))
+        n.server.store.delete(kinds.NODE_GPU_STATES, "", NODE)
+        assert n.published() is None
+        restored = await n.wait_state(lambda s: uid in pods_of(s), timeout=10.0)
+        assert restored.resources[0].gpus[0].allocated == 1
+
+
+async def test_a_status_edited_by_someone_else_is_rewritten_at_once_not_at_resync() -> None:
+    import dataclasses
+
+    from tests.publishing.harness import FAST
+
+    async with node(config(time_slicing(2)), gpus(1), settings=dataclasses.replace(FAST, resync_s=600)) as n:
+        await n.wait_state(lambda s: True)
+        obj = n.server.store.get(kinds.NODE_GPU_STATES, "", NODE)
+        obj["status"]["allocationPolicy"] = "spread"
+        n.server.store.update(kinds.NODE_GPU_STATES, "", NODE, obj, "status")
+        await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED, timeout=10.0)
 
 
 async def test_unhealthy_devices_are_published() -> None:

@@ -68,10 +68,15 @@ async def test_without_a_configmap_sighup_rereads_the_file(config_file: Path) ->
     async with node(config(config_file.read_text()), gpus(2), config_source=MISSING,
                     reloader=reloader_for(config_file)) as n:
         await n.wait_state(lambda s: s.allocation_policy is Policy.DISTRIBUTED)
+        config_file.write_text("version: v2\n")
+        assert await n.agent.reload() is False
         config_file.write_text(time_slicing(4, "packed"))
         assert await n.agent.reload() is True
         assert n.agent.config.allocation_policy is Policy.PACKED
         await n.wait_state(lambda s: s.allocation_policy is Policy.PACKED)
+        reloads = "sharepack_agent_config_reloads_total"
+        assert n.agent.metrics.value(reloads, source="sighup", outcome="failure") == 1
+        assert n.agent.metrics.value(reloads, source="sighup", outcome="success") == 1
 
 
 class Named:

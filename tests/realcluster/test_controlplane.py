@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,22 +82,58 @@ OWNER = textwrap.dedent(
 @pytest.mark.timeout(240)
 def test_killing_the_owner_leaves_no_orphan(tmp_path: Path) -> None:
     real_binaries()
-    owner = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", OWNER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert owner.stdout is not None
-        line = owner.stdout.readline()
-        assert line, f"the owner exited before starting the control plane: {owner.stderr.read() if owner.stderr else ''}"
-        pids = [int(p) for p in line.split()]
-        assert all(_alive(p) for p in pids), "the control plane is not running while its owner is"
-        os.kill(owner.pid, signal.SIGKILL)  # no cleanup runs: only the kernel can stop them now
-        owner.wait(10)
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [p for p in pids if _alive(p)] == [], "etcd, kube-apiserver or kube-scheduler outlived its owner"
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
+    ) as owner:
+        try:
+            assert owner.stdout is not None and owner.stderr is not None
+            line = owner.stdout.readline()
+            assert line, f"the owner exited before starting the control plane: {owner.stderr.read()}"
+            pids = [int(p) for p in line.split()]
+            assert all(_alive(p) for p in pids), "the control plane is not running while its owner is"
+            os.kill(owner.pid, signal.SIGKILL)  # no cleanup runs: only the kernel can stop them now
+            owner.wait(10)
+            deadline = time.monotonic() + 30
+            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert [p for p in pids if _alive(p)] == [], "etcd, kube-apiserver or kube-scheduler outlived its owner"
+        finally:
+            if owner.poll() is None:
+                owner.kill()
+                owner.wait()
+
+
+def _module_copy(tmp_path: Path) -> Path:
+    module = tmp_path / "kube"
+    (module / "etcd").mkdir(parents=True)
+    for name in kubebuild.MODULE_FILES:
+        (module / name).write_bytes((kubebuild.MODULE_DIR / name).read_bytes())
+    return module
+
+
+def test_without_go_the_build_is_one_line_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kubebuild.CACHE_ENV, str(tmp_path / "cache"))  # nothing cached there
+    monkeypatch.setenv("PATH", str(tmp_path))  # no go
+    with pytest.raises(kubebuild.ControlPlaneUnavailable) as info:
+        kubebuild.build(_module_copy(tmp_path), progress=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "needs Go >= 1.26 on PATH" in message
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go to fail a build")
+def test_a_failed_build_is_one_line_with_go_s_own_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kubebuild.CACHE_ENV, str(tmp_path / "cache"))
+    module = _module_copy(tmp_path)
+    (module / "etcd" / "main.go").write_text("package main\n\nfunc main() { undefinedCall() }\n")
+    (module / "go.mod").write_text("module example.com/broken\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v1.37.2\n")
+    (module / "go.sum").write_text("")
+    with pytest.raises(kubebuild.ControlPlaneUnavailable) as info:
+        kubebuild.build(module, progress=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("building the real control plane failed (go build exited 1")
+    assert "python -m sandbox.kubebuild" in message
+    assert list((tmp_path / "cache" / "kube").glob(".building-*")) == []  # no half-built entry left

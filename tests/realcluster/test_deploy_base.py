@@ -185,33 +185,25 @@ EXTENDER_MAY_NOT = [
 ]  # fmt: skip
 
 
-def _ids(rows: list[tuple[str, ...]]) -> list[str]:
-    return [f"{v} {g + '/' if g else ''}{r}{'/' + s if s else ''}{' in ' + n if n else ''}{' named ' + x if x else ''}"
-            for v, r, g, s, n, x in rows]  # fmt: skip
+def _describe(who: str, allowed: bool, row: tuple[str, ...]) -> str:
+    v, r, g, sub, ns, name = row
+    what = f"{v} {g + '/' if g else ''}{r}{'/' + sub if sub else ''}{' in ' + ns if ns else ''}{' named ' + name if name else ''}"
+    return f"{who} {'may' if allowed else 'may not'} {what}"
 
 
-@pytest.mark.parametrize("row", AGENT_MAY, ids=_ids(AGENT_MAY))
-def test_the_agent_may(identities: dict[str, Identity], row: tuple[str, ...]) -> None:
+# (identity, allowed, row): what each needs, and a selection of what it must not have.
+CASES = [
+    *(("agent-a", True, row) for row in AGENT_MAY), *(("agent-a", False, row) for row in AGENT_MAY_NOT),
+    *(("extender", True, row) for row in EXTENDER_MAY), *(("extender", False, row) for row in EXTENDER_MAY_NOT),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("who", "allowed", "row"), CASES, ids=[_describe(*c) for c in CASES])
+def test_what_each_identity_may_do(
+    identities: dict[str, Identity], who: str, allowed: bool, row: tuple[str, ...]
+) -> None:
     verb, resource, group, sub, ns, name = row
-    assert identities["agent-a"].can(verb, resource, group=group, subresource=sub, namespace=ns, name=name)
-
-
-@pytest.mark.parametrize("row", AGENT_MAY_NOT, ids=_ids(AGENT_MAY_NOT))
-def test_the_agent_may_not(identities: dict[str, Identity], row: tuple[str, ...]) -> None:
-    verb, resource, group, sub, ns, name = row
-    assert not identities["agent-a"].can(verb, resource, group=group, subresource=sub, namespace=ns, name=name)
-
-
-@pytest.mark.parametrize("row", EXTENDER_MAY, ids=_ids(EXTENDER_MAY))
-def test_the_extender_may(identities: dict[str, Identity], row: tuple[str, ...]) -> None:
-    verb, resource, group, sub, ns, name = row
-    assert identities["extender"].can(verb, resource, group=group, subresource=sub, namespace=ns, name=name)
-
-
-@pytest.mark.parametrize("row", EXTENDER_MAY_NOT, ids=_ids(EXTENDER_MAY_NOT))
-def test_the_extender_may_not(identities: dict[str, Identity], row: tuple[str, ...]) -> None:
-    verb, resource, group, sub, ns, name = row
-    assert not identities["extender"].can(verb, resource, group=group, subresource=sub, namespace=ns, name=name)
+    assert identities[who].can(verb, resource, group=group, subresource=sub, namespace=ns, name=name) is allowed
 
 
 # --- admission -----------------------------------------------------------------------------

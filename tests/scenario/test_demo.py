@@ -21,6 +21,7 @@ import pytest
 
 from common import state as gpustate
 from sandbox import demo
+from tests.conftest import real_binaries
 from tests.scenario.harness import children, processes_mentioning, unix_sockets_under
 
 pytestmark = pytest.mark.timeout(150)
@@ -165,10 +166,19 @@ waves:
 """
 
 
-def test_keep_running_serves_a_kubeconfig_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("control_plane", demo.CONTROL_PLANES)
+def test_keep_running_serves_a_cluster_a_user_drives_and_ctrl_c_stops_everything(
+    tmp_path: Path, control_plane: str
+) -> None:
+    if control_plane == demo.REAL:
+        real_binaries()
     workload = tmp_path / "workload.yaml"
     workload.write_text(SMALL_WORKLOAD)
-    argv = ["--nodes", "1", "--policy", "packed", "--workload", str(workload), "--keep-running"]
+    argv = [
+        "--nodes", "1", "--policy", "packed", "--workload", str(workload), "--keep-running",
+        f"--control-plane={control_plane}",
+    ]  # fmt: skip
     # Ctrl-C reaches the whole foreground process group: the demo and its agents and extender.
     with subprocess.Popen(
         [sys.executable, "-m", "sandbox.demo", *argv],
@@ -188,7 +198,7 @@ def test_keep_running_serves_a_kubeconfig_and_ctrl_c_stops_everything(tmp_path: 
 
 
 def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list[Path]) -> None:
-    out = read_until(proc, "Ctrl-C to stop", timeout=60)
+    out = read_until(proc, "Ctrl-C to stop", timeout=120)
     assert "one: 2 pods x 1 replica(s)" in out and "default/whole-0 -> node-0: a whole GPU" in out, out
     assert PLACED.findall(out) == [("packed", "1", "1")], out  # the results, before the wait
     found = re.search(r"kubeconfig: (\S+)", out)
@@ -207,14 +217,30 @@ def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list
         pods = core.list_namespaced_pod(demo.NAMESPACE).items
         assert sorted(p.metadata.name for p in pods) == ["one-0", "one-1", "whole-0"]
         assert all(p.spec.node_name == "node-0" and p.status.phase == "Running" for p in pods)
-    if shutil.which("kubectl"):  # the command the demo prints, as a user would run it
-        got = subprocess.run(
-            ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodegpustates,pods"],
-            capture_output=True, text=True, timeout=30, env={"HOME": str(root), "PATH": os.environ["PATH"]},
-        )  # fmt: skip
-        assert got.returncode == 0, got.stderr
-        assert re.search(r"^nodegpustate\.sharepack\.io/node-0\s+\d+\s+\d+/\d+\s+packed\s", got.stdout, re.M), got.stdout
-        assert re.search(r"^pod/whole-0\s+\d/1\s+Running\s", got.stdout, re.M), got.stdout
+    printed = re.search(r"try: (\S+) --kubeconfig", out)
+    assert printed, out
+    kubectl = shutil.which(printed.group(1))
+    if kubectl:  # the command the demo prints, as a user would run it
+        def run(*args: str, stdin: str | None = None) -> str:
+            got = subprocess.run(
+                [kubectl, "--kubeconfig", str(kubeconfig), *args], input=stdin,
+                capture_output=True, text=True, timeout=30, env={"HOME": str(root), "PATH": os.environ["PATH"]},
+            )  # fmt: skip
+            assert got.returncode == 0, f"kubectl {' '.join(args)}: {got.stderr}"
+            return got.stdout
+
+        got = run("get", "nodegpustates,pods")
+        assert re.search(r"^nodegpustate\.sharepack\.io/node-0\s+\d+\s+\d+/\d+\s+packed\s", got, re.M), got
+        assert re.search(r"^pod/whole-0\s+1/1\s+Running\s", got, re.M), got
+        assert re.search(r"^node-0\s+Ready\s+\S+\s+\S+\s+v1\.\d+\.\d+", run("get", "nodes"), re.M)
+        # A pod the user applies is scheduled, admitted and counted like the demo's own.
+        run("apply", "-f", "-", stdin=USER_POD)
+        wait_counted(api_for(kubeconfig), "user-pod")
+        described = run("describe", "pod", "user-pod")
+        assert "Successfully assigned default/user-pod to node-0" in described, described
+        assert re.search(r"^KIND:\s+Pod$", run("explain", "pods"), re.M)
+        assert run("auth", "can-i", "create", "pods").strip() == "yes"
+        assert re.search(r"\sScheduled\s+pod/user-pod\s", run("get", "events"), re.M)
     assert processes_mentioning([root]), "the stack is not running: the checks below see nothing"
 
     os.killpg(proc.pid, signal.SIGINT)
@@ -226,6 +252,41 @@ def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list
     assert processes_mentioning([root]) == []
     assert unix_sockets_under([root]) == []
     assert not root.exists()
+
+
+USER_POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: user-pod, namespace: default}
+spec:
+  containers:
+  - name: main
+    image: busybox
+    resources: {limits: {nvidia.com/gpu.shared: "1"}}
+"""
+
+
+def api_for(kubeconfig: Path) -> Any:
+    return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+
+
+def wait_counted(api: Any, name: str, timeout: float = 60) -> None:
+    """Until the pod runs and its node's NodeGpuState lists it."""
+    with api:
+        core: Any = kubernetes.client.CoreV1Api(api)
+        custom: Any = kubernetes.client.CustomObjectsApi(api)
+        deadline = time.monotonic() + timeout
+        while True:
+            pod = core.read_namespaced_pod(name, demo.NAMESPACE)
+            if pod.status.phase == "Running" and pod.spec.node_name:
+                state = custom.get_cluster_custom_object(
+                    gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL, pod.spec.node_name
+                )
+                held = {uid for r in state["status"]["resources"] for g in r["gpus"] for uid in g["pods"]}
+                if pod.metadata.uid in held:
+                    return
+            assert time.monotonic() < deadline, f"pod {name} was not scheduled, run and counted: {pod.status}"
+            time.sleep(0.2)
 
 
 def cmdline(pid: int) -> str:

@@ -33,20 +33,20 @@ def test_a_run_prints_the_table_and_writes_csvs_and_a_plot(
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "pods: 2 seed(s)" in captured.out
-    for label in ("random", "fgd", "packed", "packed@r10", "ours"):
+    for label in ("random", "fgd", "packed", "ours"):  # packed: the kube model, in replicas
         assert f"\n{label} " in captured.out
-    assert "[10/10] ours seed 43" in captured.err
+    assert "[8/8] ours seed 43" in captured.err
     with out.open() as f:
         rows = list(csv.reader(f))
     assert rows[0] == STUDY_HEADER
     assert [(r[0], r[1], r[3]) for r in rows[1:3]] == [("pods", "random", "42"), ("pods", "random", "43")]
-    assert {r[1] for r in rows[1:]} == {"random", "fgd", "packed", "packed@r10", "ours"}
+    assert {r[1] for r in rows[1:]} == {"random", "fgd", "packed", "ours"}
     for sibling in ("res_frag.csv", "res_frag_ratio.csv", "res_free_gpus.csv"):
         with (tmp_path / "out" / sibling).open() as f:
             assert next(csv.reader(f)) == [h for h in STUDY_HEADER if h != "total_gpus"]
     with (tmp_path / "out" / "res_failed.csv").open() as f:
         failed = list(csv.DictReader(f))
-    assert len(failed) == 10 and sum(int(r["1gpu"]) + int(r["share"]) for r in failed) > 0
+    assert len(failed) == 8 and sum(int(r["1gpu"]) + int(r["share"]) for r in failed) > 0
     assert "failed pods" in captured.out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

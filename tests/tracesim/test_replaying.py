@@ -30,10 +30,12 @@ def slice_() -> tuple[traces.PodList, traces.NodeList, FragModel]:
 
 
 def replay(slice_: tuple[traces.PodList, traces.NodeList, FragModel], name: str, seed: int = 42,
-           model: ShareModel = ShareModel.MILLI) -> replaying.RunResult:
+           model: ShareModel = ShareModel.MILLI,
+           scheduler: policies.SchedulerModel | None = None) -> replaying.RunResult:  # fmt: skip
     pods, nodes, fm = slice_
     order = workloads.arrival_order(pods, nodes, seed)
-    return replaying.replay(pods, nodes, fm, policies.resolve(name, model=model), seed=seed, order=order)
+    spec = policies.resolve(name, model=model, scheduler=scheduler)  # None: the policy's default model
+    return replaying.replay(pods, nodes, fm, spec, seed=seed, order=order)
 
 
 @pytest.mark.parametrize("name", list(policies.NAMES))
@@ -67,6 +69,6 @@ def test_fragmentation_aware_policies_leave_less_unallocated_than_random(
 def test_the_replica_model_charges_requests_not_rounded_replicas(
     slice_: tuple[traces.PodList, traces.NodeList, FragModel],
 ) -> None:
-    run = replay(slice_, "packed", model=ShareModel.REPLICAS)
+    run = replay(slice_, "packed", model=ShareModel.REPLICAS, scheduler=policies.SchedulerModel.STUDY)
     assert run.policy == "packed@r10"
     assert run.used_milli[-1] <= run.total_gpus * 1000

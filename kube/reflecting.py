@@ -1,15 +1,19 @@
-"""List-then-watch of Kubernetes objects, kept in a local cache, surviving API outages.
+"""List-then-watch of Kubernetes objects, kept in a local cache, surviving API outages: the one
+reflector of the agent (its pods, its Node, its ConfigMap) and the extender (every NodeGpuState,
+every bound pod).
 
-The agent needs three small views of the API: the pods bound to its node (namespace/name ->
-UID), its own Node (labels), and one ConfigMap. Each is a `Reflector`: list (which gives a
-resourceVersion), then watch from that version, applying ADDED / MODIFIED / DELETED to the cache;
-a watch that ends is resumed from the last version seen (bookmarks advance it too); a 410 Gone
-(the version is too old) or any error means list again, after an exponential back-off while the
-API is unreachable. Objects stay plain dicts: the agent reads a handful of fields, and decoding
-every pod into client models would cost more than the rest of the loop.
+A `Reflector` lists (which gives a resourceVersion), then watches from that version, applying
+ADDED / MODIFIED / DELETED to its cache; a watch that ends is resumed from the last version seen
+(bookmarks advance it too); a 410 Gone (the version is too old), `resync_s` passing, or any
+error means list again, errors after an exponential back-off with jitter while the API is
+unreachable. A handler that raises is logged and the cache is rebuilt by listing again.
 
-`list_call` is a `*_without_preload_content` method of the `kubernetes.aio` client (bound to
-its selectors with `functools.partial`), which returns the raw aiohttp response.
+Objects stay plain dicts, parsed from the raw response with orjson: decoding every pod into
+client models costs far more than the consumers' own work (benchmarks/bench_reflector.py
+measures it against `kubernetes.informer.SharedInformer`, which does decode, and is why we do
+not use it). `list_call` is a `*_without_preload_content` method of the `kubernetes.aio`
+client (bound to its resource and selectors with `functools.partial`), which returns the raw
+aiohttp response; everything runs on the event loop, so handlers need no locking.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -44,27 +49,45 @@ def key_of(obj: Mapping[str, Any]) -> Key:
 
 
 class Reflector:
+    """`on_list(cache)` after every list, `on_event(type, obj)` after every change a watch
+    brings, `on_change(cache)` after both (any may be None).
+
+    `keep_cache=False`: the objects are handed to the handlers and not kept (`cache` stays
+    empty between lists), for a consumer that keeps its own decoded view of them: at 5,000
+    nodes the raw pods alone would double the extender's memory."""
+
     def __init__(
         self,
         list_call: ListCall,
         *,
         what: str,
-        on_change: Callable[[Mapping[Key, Obj]], None],
+        on_change: Callable[[Mapping[Key, Obj]], None] | None = None,
+        on_list: Callable[[Mapping[Key, Obj]], None] | None = None,
         on_event: Callable[[str, Obj], None] | None = None,
-        watch_timeout_s: int = 300,
+        watch_timeout_s: float = 300,
+        resync_s: float = 0.0,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 5.0,
+        keep_cache: bool = True,
+        list_timeout_s: float = 60.0,
     ) -> None:
         self.what = what
+        self.keep_cache = keep_cache
+        # A list the server accepted but never answers must not stall the reflector for good;
+        # 60 s is far above a 5,000-node list (seconds) and still ends a hung one.
+        self.list_timeout_s = list_timeout_s
         self._list_call = list_call
         self._on_change = on_change
+        self._on_list = on_list
         self._on_event = on_event
-        self._watch_timeout_s = watch_timeout_s
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self.watch_timeout_s = watch_timeout_s
+        self.resync_s = resync_s  # 0: never list again while the watch holds
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
         self.cache: dict[Key, Obj] = {}
         self.synced = asyncio.Event()  # set after the first successful list
-        self.relists = 0
+        self.lists = 0  # successful lists: initial, resync, after a 410 or an error
+        self.errors = 0  # failures that led to a back-off (a 410 is not one)
 
     async def run(self) -> None:
         """Forever: list, watch, and recover from whatever the API does."""
@@ -72,13 +95,15 @@ class Reflector:
         while True:
             try:
                 version = await self._list()
+                listed_at = time.monotonic()
                 backoff = 0.0
-                while True:
-                    version = await self._watch(version)
+                while not self.resync_s or time.monotonic() - listed_at < self.resync_s:
+                    version = await self._watch(version, listed_at)
             except WatchGone:
                 log.info("watch of %s: resource version too old; listing again", self.what)
             except Exception as e:  # noqa: BLE001 - logged; a watch must outlive any API trouble
-                backoff = min(max(backoff * 2, self._backoff_initial_s), self._backoff_max_s)
+                self.errors += 1
+                backoff = min(max(backoff * 2, self.backoff_initial_s), self.backoff_max_s)
                 expected = isinstance(e, aiohttp.ClientError | OSError | TimeoutError | ApiUnavailable | ValueError)
                 log.log(
                     logging.WARNING if expected else logging.ERROR,
@@ -88,7 +113,7 @@ class Reflector:
                 await asyncio.sleep(random.uniform(backoff / 2, backoff))
 
     async def _list(self) -> str:
-        response = await self._list_call()
+        response = await self._list_call(_request_timeout=self.list_timeout_s)
         try:
             body = await response.read()
         finally:
@@ -97,19 +122,32 @@ class Reflector:
             raise ApiUnavailable(f"list answered {response.status}: {body[:200]!r}")
         doc = orjson.loads(body)
         self.cache = {key_of(item): item for item in doc.get("items") or []}
-        self.relists += 1
+        self.lists += 1
+        if self._on_list is not None:
+            self._on_list(self.cache)
+        if self._on_change is not None:
+            self._on_change(self.cache)
+        if not self.keep_cache:
+            self.cache = {}
         self.synced.set()
-        self._on_change(self.cache)
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def _watch(self, version: str) -> str:
+    def _timeout(self, listed_at: float) -> int:
+        # Jitter: many agents restarted together must not all reconnect in the same second.
+        timeout = self.watch_timeout_s + random.uniform(0, self.watch_timeout_s / 5)
+        if self.resync_s:
+            timeout = min(timeout, self.resync_s - (time.monotonic() - listed_at))
+        return max(1, int(timeout))
+
+    async def _watch(self, version: str, listed_at: float) -> str:
         """One watch request; returns the version to resume from when the server ends it."""
+        timeout = self._timeout(listed_at)
         response = await self._list_call(
             watch=True,
             resource_version=version,
             allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout_s + random.randint(0, self._watch_timeout_s // 5),
-            _request_timeout=self._watch_timeout_s * 2 + 30,
+            timeout_seconds=timeout,
+            _request_timeout=timeout * 2 + 30,
         )
         try:
             if response.status >= 300:
@@ -138,12 +176,14 @@ class Reflector:
         version = str(meta.get("resourceVersion") or version)
         if kind == "BOOKMARK":
             return version
-        key = key_of(obj)
-        if kind == "DELETED":
-            self.cache.pop(key, None)
-        else:
-            self.cache[key] = obj
+        if self.keep_cache:
+            key = key_of(obj)
+            if kind == "DELETED":
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = obj
         if self._on_event is not None:
             self._on_event(kind, obj)
-        self._on_change(self.cache)
+        if self._on_change is not None:
+            self._on_change(self.cache)
         return version

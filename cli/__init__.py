@@ -1,0 +1,1 @@
+"""`sharepack` (also `kubectl sharepack`): the operator's view of a cluster running sharepack."""

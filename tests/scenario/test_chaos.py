@@ -1,0 +1,37 @@
+"""`sharepack-chaos` for a minute, as CI runs it: churn in bursts, every kind of fault, and the
+invariants checked all along (on the real control plane where it is built)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from sandbox import chaos
+
+CLOSING = re.compile(
+    r"^soak: (\d+) s, (\d+) faults, (\d+) invariant violations, predictions matched (\d+)/(\d+) \(([\d.]+) %\)$", re.M
+)
+ROW = re.compile(r"^([a-z-]+)\s+(\d+)\s+(\d+)$", re.M)
+
+
+@pytest.mark.timeout(420)
+def test_a_minute_of_churn_and_faults_breaks_no_invariant() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox.chaos", "--duration", "60", "--seed", "1"],
+        capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    out = done.stdout
+    closing = CLOSING.search(out)
+    assert closing, f"no closing line:\n{out}\n{done.stderr[-3000:]}"
+    _, faults, violations, matched, predicted, _ = (float(x) for x in closing.groups())
+    assert violations == 0, out
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = {kind: (int(injected), int(survived)) for kind, injected, survived in ROW.findall(out)}
+    assert set(table) == set(chaos.FAULTS), out
+    assert all(injected == survived for injected, survived in table.values()), out
+    assert faults >= 5 and sum(i for i, _ in table.values()) == faults, out  # a fault every 3-7 s
+    assert predicted > 0 and matched / predicted >= 0.99, out
