@@ -130,9 +130,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="sp-bench-", dir="/tmp"))
     async with ScaleCluster(
         shapes, workdir, replicas=args.replicas, agent_policy=Policy(args.policy), node_policy=args.node_policy,
-        profile_to=args.extender_profile,
+        profile_to=args.extender_profile, extender_args=args.extender_arg,
     ) as cluster:  # fmt: skip
-        results: dict[str, Any] = {"nodes": args.nodes, "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}}
+        results: dict[str, Any] = {"nodes": args.nodes, "extender_args": args.extender_arg, "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}}
         for name, with_extender in PHASES:
             pods = pod_mix(args.pods, args.replicas, prefix=name)
             results[name] = await phase(cluster, name, with_extender, pods, args.client_qps)
@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-policy", default="packed", help="the extender's --node-policy (default packed)")
     p.add_argument("--client-qps", type=int, default=CLIENT_QPS,
                    help="kube-scheduler's API QPS and burst in both phases (default %(default)s, as scheduler_perf; 0: as shipped, 50)")
+    p.add_argument("--extender-arg", action="append", default=[],
+                   help="extra extender flag, e.g. --extender-arg=--filter-tier-width=1 (repeatable)")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     p.add_argument("--extender-profile", type=Path, help="run the extender under cProfile, stats to this file")
     args = p.parse_args(argv)
