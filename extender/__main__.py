@@ -35,7 +35,7 @@ from common import addresses, fragmentation, podrequests, scoring
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
-from extender.binding import BIND_CONCURRENCY, ApiBinder, Binder
+from extender.binding import ApiBinder, Binder
 from extender.bindguard import BindGuard, UnscoredBinds
 from extender.caches import ClusterView, pod_handler, state_handler
 from kube import clients
@@ -268,9 +268,6 @@ def api_client(opts: Options) -> Any | None:
             return None
     else:
         return None
-    # One connection per bind thread (the watches use their own aio client): a smaller pool
-    # would open and discard connections (with a warning each) under a burst of binds.
-    conf.connection_pool_maxsize = BIND_CONCURRENCY
     return client.ApiClient(conf)
 
 
@@ -314,7 +311,7 @@ class Service:
                     keep_cache=False,  # ClusterView keeps what it needs, decoded
                 ),  # fmt: skip
             ]
-            binder = ApiBinder(api)
+            binder = ApiBinder(self._watch_api)
         guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds)
         self.extender = Extender(
             self.view, binder=binder, metrics=self.metrics, ready=self.synced,
