@@ -221,19 +221,21 @@ async def kubernetes_api(opts: options.Options) -> Any:
 async def publication(
     agent: Agent, api: Any, opts: options.Options, reloader: reloading.ConfigReloader | None = None
 ) -> None:
-    from agent import configwatching, publishing  # noqa: PLC0415
+    from agent import configwatching, directing, publishing  # noqa: PLC0415
 
     source = None
     if opts.node_config_configmap is not None:
         namespace, name = opts.node_config_configmap
         source = configwatching.ConfigSource(namespace, name, env=opts.env, flags=opts.config_flags)
     assert opts.node_name is not None
+    director = directing.Director(opts.node_name, metrics=agent.metrics) if opts.directed_gpus else None
+    agent.director = director
     await publishing.run_publication(
         agent, api, opts.node_name, pod_resources_socket=opts.pod_resources_socket,
         settings=publishing.PublishSettings(
             heartbeat_s=opts.state_heartbeat_s, min_interval_s=opts.state_min_write_interval_s
         ),
-        config_source=source, reloader=reloader, metrics=agent.metrics,
+        config_source=source, reloader=reloader, metrics=agent.metrics, director=director,
     )
 
 

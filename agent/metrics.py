@@ -28,6 +28,7 @@ SUCCESS = "success"
 FAILURE = "failure"
 REJECTED = "rejected"  # a request the agent refuses (bad device IDs, more than one replica, ...)
 ERROR = "error"  # a bug or a failure of ours
+HONOURED = "honoured"  # a directed allocation answered as directed
 TOPOLOGY = "topology"  # the `policy` label of full GPUs: they take the topology-aware path
 
 
@@ -97,6 +98,13 @@ class AgentMetrics:
         for source in ("sighup", "configmap"):
             for outcome in (SUCCESS, FAILURE):
                 self.config_reloads.labels(source, outcome)
+        self.directed = Counter(
+            "sharepack_agent_directed_allocations",
+            "GetPreferredAllocation answers for pods the extender directed (annotation sharepack.io/gpus), "
+            "by outcome: honoured, or the reason the node's policy chose instead (agent.directing.Fallback).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.directed.labels(HONOURED)
 
     def value(self, name: str, **labels: str) -> float:
         """One sample's value (0 when absent): for tests and logs."""

@@ -61,6 +61,9 @@ _PROCESS = (
     _Process("state-heartbeat-seconds", "SHAREPACK_STATE_HEARTBEAT_SECONDS", "60",
              "rewrite the NodeGpuState with a fresh observedAt this often even when nothing "
              "changed, so schedulers can tell a quiet node from a dead agent (0: never)"),
+    _Process("directed-gpus", "SHAREPACK_DIRECTED_GPUS", "true",
+             "allocate on the GPUs the extender wrote into the pod's sharepack.io/gpus annotation "
+             "when they are available (true or false)"),
     _Process("state-min-write-interval-seconds", "SHAREPACK_STATE_MIN_WRITE_INTERVAL_SECONDS", "0.5",
              "at most one NodeGpuState write per this interval; a burst of changes in between "
              "becomes one write"),
@@ -97,6 +100,7 @@ class Options:
     state_heartbeat_s: float = 60.0  # 0: write only on change
     state_min_write_interval_s: float = 0.5
     metrics_listen: tuple[str, int] = addresses.listen_address(DEFAULT_METRICS_LISTEN, flag="--metrics-listen")
+    directed_gpus: bool = True
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -169,6 +173,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         metrics_listen = addresses.listen_address(raw_listen, flag="--metrics-listen")
     except ValueError as e:
         raise OptionsError(f"{e} (from {origin})") from None
+    raw_directed, origin = process("directed-gpus")
+    directed = str(raw_directed).strip().lower()
+    if directed not in ("true", "false"):
+        raise OptionsError(f"invalid --directed-gpus option: {raw_directed} (from {origin}; want true or false)")
     kubelet_socket, _ = process("kubelet-socket")
     pod_resources, _ = process("pod-resources-socket")
     assert kubelet_socket is not None and pod_resources is not None  # they have defaults
@@ -189,5 +197,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         state_heartbeat_s=heartbeat,
         state_min_write_interval_s=min_write_interval,
         metrics_listen=metrics_listen,
+        directed_gpus=directed == "true",
         env=MappingProxyType(dict(env)),
     )

@@ -31,7 +31,8 @@ Devices the agent allocated after the last PodResources read began (less `settle
 allocated even if that read did not show them yet; a pod the kubelet then rejects drops out at
 the next read. Devices a finished init container still holds (the kubelet keeps them for the
 pod, PodResources does not list them) are recovered from the agent's Allocate log
-(`statebuilding.with_init_container_devices`).
+(`statebuilding.with_init_container_devices`), which the agent keeps on disk too
+(agent.allocationlog), so a restart does not forget them.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from kubernetes.aio import client as kclient
 from agent import configwatching
 from kube.reflecting import Key, Obj, Reflector
 from agent.metrics import AgentMetrics
+from agent.directing import Director
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.reloading import ConfigReloader
 from agent.running import Snapshot
@@ -179,6 +181,7 @@ class Publisher:
             on_change=lambda _cache: None,
             on_event=self._own_object_event,
         )
+        self.director: Director | None = None  # directed GPUs: names the pods of fresh allocations
         self._dirty = asyncio.Event()
         self._dirty_since: float | None = None  # clock() of the first change not yet written
         self._kick = asyncio.Event()
@@ -193,6 +196,14 @@ class Publisher:
         self._published_at = float("-inf")  # clock() when the published observedAt was current
         self.writes = 0
         self.write_failures = 0
+
+    def pod_objects(self) -> Any:
+        """The pods bound to this node, as the watch last saw them (for agent.directing)."""
+        return self.pods.reflector.cache.values()
+
+    def listed_pods(self) -> set[tuple[str, str]]:
+        """(namespace, name) of the pods PodResources last listed with devices."""
+        return {(p.namespace, p.name) for p in self._listing}
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -227,6 +238,7 @@ class Publisher:
             agent_version=self.settings.agent_version,
             observed_at=now_rfc3339(),
             recently_allocated=recent,
+            recent_holders=self.director.holders() if self.director is not None and recent else None,
         )
 
     def _unhealthy(self, snap: Snapshot) -> Collection[str]:
@@ -503,16 +515,21 @@ async def run_publication(
     config_source: configwatching.ConfigSource | None = None,
     reloader: ConfigReloader | None = None,
     metrics: AgentMetrics | None = None,
+    director: Director | None = None,
 ) -> None:
     """Publish the node's NodeGpuState (and, with `config_source`, follow the per-node config)
     until cancelled. Meant to run as one supervised task next to `Agent.run()`; it raises only on
     a bug, never because the API or the kubelet is away. Returns never.
 
     `reloader` (the agent's SIGHUP config loader) follows the per-node config while it is
-    watched, so SIGHUP re-applies the named config in charge rather than the file."""
+    watched, so SIGHUP re-applies the named config in charge rather than the file.
+    `director` (directed GPUs) reads the pods this publication watches."""
     async with PodResourcesClient(pod_resources_socket) as pod_resources:
         metrics = metrics or AgentMetrics()
         publisher = Publisher(agent, api, node_name, pod_resources, settings, metrics=metrics)
+        if director is not None:
+            director.feed(publisher.pod_objects, publisher.listed_pods)
+            publisher.director = director
         tasks = Supervisor(f"publication {node_name}")
         tasks.spawn("publication:publisher", publisher.run())
         watcher = None

@@ -167,7 +167,11 @@ def preferred_allocation(
     path does. The kubelet never sends such a request, so only broken callers see the difference.
     """
     if resource.full_gpu:
-        chosen = allocation.aligned_allocation(pair_scores, available, must_include, size)
+        # Ties go to the lowest GPU index, whatever order the kubelet's set listed the IDs in.
+        index_of = {d.id: d.gpu_index for d in resource.devices}
+        chosen = allocation.aligned_allocation(
+            pair_scores, available, must_include, size, index_of=index_of
+        )
         if size > 0 and not chosen:
             raise AllocationError(
                 f"{allocation.NOT_ENOUGH_DEVICES}: {resource.name} wants {size} of "

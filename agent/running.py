@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import health, registering, responses
+from agent import allocationlog, health, registering, responses
 from agent import metrics as agent_metrics
+from agent.directing import Director
 from agent.health import HealthBook, WaitForXid, XidLike, XidPolicy
 from agent.metrics import AgentMetrics
 from agent.responses import ContainerResponse, ResponseOptions
@@ -68,6 +69,8 @@ class Settings:
     recovery_after_s: float = 0.0  # > 0: a device quiet this long becomes healthy again
     watch_interval_s: float = 0.1
     drain_grace_s: float = 1.0
+    stream_grace_s: float = 0.5  # a lost ListAndWatch stream not replaced by then: register again
+    keep_allocation_log: bool = True  # on disk beside the sockets (agent.allocationlog)
     xid_wait_ms: int = 500
 
     @property
@@ -80,6 +83,7 @@ class Allocation:
     resource: str
     device_ids: tuple[str, ...]
     at: float  # monotonic seconds
+    wall: float = 0.0  # wall-clock seconds, for the log on disk
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +114,14 @@ class _ResourcePlugin:
         book = self._agent._book
         return [(d, book.is_healthy(d.uuid)) for d in self._resource.devices]
 
-    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         agent = self._agent
+        # Directed GPUs (the extender's choice for the pod being admitted) first; full GPUs keep
+        # the topology-aware path, which the extender's counts cannot replay.
+        if agent.director is not None and not self._resource.full_gpu:
+            chosen = await agent.director.choose(self._resource, available, must_include, size)
+            if chosen is not None:
+                return chosen
         return responses.preferred_allocation(
             self._resource, agent.config.allocation_policy, agent._pair_scores,
             available, must_include, size,
@@ -167,6 +177,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         response_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         metrics: AgentMetrics | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or AgentMetrics()
@@ -182,6 +193,12 @@ class Agent:
         self._instances = health.mig_instances(inventory)
         self._book = HealthBook()
         self._allocations: collections.deque[Allocation] = collections.deque(maxlen=ALLOCATIONS_KEPT)
+        self._wall_clock = wall_clock
+        self._allocation_log = (
+            allocationlog.AllocationLog(allocationlog.path_beside(settings.plugin_dir), keep=ALLOCATIONS_KEPT)
+            if settings.keep_allocation_log
+            else None
+        )
         self._servers: dict[str, PluginServer] = {}
         self._registered: set[str] = set()  # resources registered since their server started
         self._lock = asyncio.Lock()
@@ -192,6 +209,8 @@ class Agent:
         self._health_marked = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._response_options = self._options_for(config)
+        # Set when directed GPUs are on and the API is reachable (agent.directing).
+        self.director: Director | None = None
 
     # ---- what the publisher reads --------------------------------------------------------
 
@@ -255,8 +274,25 @@ class Agent:
             gauge.labels(r.name).set(sum(1 for d in r.devices if d.uuid in sick))
 
     def _record_allocation(self, resource: str, device_ids: Sequence[str]) -> None:
-        self._allocations.append(Allocation(resource, tuple(device_ids), self._clock()))
+        wall = self._wall_clock()
+        self._allocations.append(Allocation(resource, tuple(device_ids), self._clock(), wall))
+        if self._allocation_log is not None:
+            kept = ((a.resource, a.device_ids, a.wall) for a in self._allocations)
+            self._allocation_log.append(resource, device_ids, wall, kept)
         self._notify()
+
+    def _restore_allocations(self) -> None:
+        """Reload the Allocate log a previous life of the agent left on disk (the devices of
+        finished init containers are known only from it)."""
+        if self._allocation_log is None:
+            return
+        entries = self._allocation_log.load()
+        if not entries:
+            return
+        now, wall = self._clock(), self._wall_clock()
+        restored = [Allocation(r, ids, now - max(wall - t, 0.0), t) for r, ids, t in entries]
+        self._allocations.extendleft(reversed(restored))
+        log.info("restored %d allocation(s) from %s", len(restored), self._allocation_log.path)
 
     def _options_for(self, config: Config) -> ResponseOptions:
         return ResponseOptions(
@@ -297,6 +333,7 @@ class Agent:
         self._tasks.spawn(name, coro)
 
     async def start(self) -> None:
+        self._restore_allocations()
         async with self._lock:
             await self._start_servers()
         self._tasks.spawn(
@@ -335,6 +372,7 @@ class Agent:
         for resource in self.resources:
             path = self.settings.plugin_dir / registering.socket_name(resource.name)
             server = PluginServer(_ResourcePlugin(self, resource), path, metrics=self.metrics)
+            server.on_stream_lost = self._stream_lost
             await server.start()
             self._servers[resource.name] = server
         for server in self._servers.values():
@@ -362,6 +400,25 @@ class Agent:
     def _unregistered(self, resource: str) -> None:
         self._registered.discard(resource)
         self.metrics.registered.labels(resource).set(0)
+
+    def _stream_lost(self, server: PluginServer) -> None:
+        """The kubelet ended our ListAndWatch stream while our sockets stay (a kubelet that
+        restarts deletes them, which the kubelet watcher handles): register again, unless a new
+        stream arrives within `stream_grace_s` (the kubelet replacing an endpoint after our own
+        re-registration ends the old stream just after opening the new one)."""
+        name = f"relisten:{server.resource_name}"
+        if name not in self._registrations.names:
+            self._registrations.spawn(name, self._register_if_still_lost(server), expect_return=True)
+
+    async def _register_if_still_lost(self, server: PluginServer) -> None:
+        await asyncio.sleep(self.settings.stream_grace_s)
+        if server.stopping or server.streams or self._servers.get(server.resource_name) is not server:
+            return
+        log.warning(
+            "the kubelet ended the ListAndWatch stream of %s (its sockets are still there): "
+            "registering again", server.resource_name, extra={"resource": server.resource_name},
+        )  # fmt: skip
+        await self._register_in_background(server)
 
     async def _stop_servers(self, *, grace: float) -> None:
         servers = list(self._servers.values())

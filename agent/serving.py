@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, Protocol
 
@@ -37,7 +37,7 @@ class PluginLogic(Protocol):
     @property
     def resource(self) -> Resource: ...
     def device_health(self) -> Sequence[tuple[Device, bool]]: ...
-    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]: ...
+    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]: ...
     def allocate(self, requested: Sequence[str]) -> ContainerResponse: ...
 
 
@@ -92,14 +92,23 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         # Every message replaces the kubelet's whole list; resend only when it changed.
         last: list[tuple[str, bool]] | None = None
-        while not self._server.stopping:
-            wake = self._server.wake
-            pairs = list(self._logic.device_health())
-            current = [(d.id, ok) for d, ok in pairs]
-            if current != last:
-                last = current
-                yield api_pb2.ListAndWatchResponse(devices=[api_device(d, ok) for d, ok in pairs])
-            await wake.wait()
+        server = self._server
+        server.streams += 1
+        try:
+            while not server.stopping:
+                wake = server.wake
+                pairs = list(self._logic.device_health())
+                current = [(d.id, ok) for d, ok in pairs]
+                if current != last:
+                    last = current
+                    yield api_pb2.ListAndWatchResponse(devices=[api_device(d, ok) for d, ok in pairs])
+                await wake.wait()
+        finally:
+            server.streams -= 1
+            if not server.stopping and server.streams == 0 and server.on_stream_lost is not None:
+                # The kubelet hung up on us without restarting (its sockets are all there): it
+                # now counts our devices unhealthy and never redials. The agent registers again.
+                server.on_stream_lost(server)
 
     async def GetPreferredAllocation(  # noqa: N802
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext[object, object]
@@ -109,7 +118,7 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
         try:
             for req in request.container_requests:
                 try:
-                    chosen = self._logic.preferred(
+                    chosen = await self._logic.preferred(
                         list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
                     )
                 except Exception as exc:  # noqa: BLE001 - mapped to a status code
@@ -153,6 +162,9 @@ class PluginServer:
         self.observe_allocate = metrics.allocate_seconds.labels(name).observe
         self.stopping = False
         self.wake = asyncio.Event()
+        self.streams = 0  # ListAndWatch streams open now
+        # Called when the last ListAndWatch stream ends while we still serve.
+        self.on_stream_lost: Callable[[PluginServer], None] | None = None
         self._server: grpc.aio.Server | None = None
 
     @property

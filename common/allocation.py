@@ -281,10 +281,13 @@ def aligned_allocation(
     available: Sequence[str],
     required: Sequence[str],
     size: int,
+    *,
+    index_of: Mapping[str, int] | None = None,
 ) -> list[str]:
     """Topology-aware choice of `size` full GPUs (go-gpuallocator best-effort semantics);
-    `[]` when no allocation is possible. See `common.topology`."""
-    return topology.best_effort(pair_scores, available, required, size)
+    `[]` when no allocation is possible. Ties go to the lowest GPU index (`index_of`, ID text
+    for GPUs it lacks), whatever order `available` comes in. See `common.topology`."""
+    return topology.best_effort(pair_scores, available, required, size, index_of=index_of)
 
 
 def takes_aligned_path(

@@ -5,7 +5,8 @@
     ├── RequestError           an Allocate request the node's own rules reject
     ├── ConfigError            a config (file, env, flags) that fails validation; lists every problem
     ├── ResourceError          resources that cannot be built from an inventory + config
-    └── StateSchemaError       a published NodeGpuState this reader does not understand
+    ├── StateSchemaError       a published NodeGpuState this reader does not understand
+    └── DirectionsError        a pod's sharepack.io/gpus annotation this reader does not understand
 
 Messages are lowercase "what: why", naming the bad value and where it came from.
 """
@@ -32,6 +33,10 @@ class ResourceError(SharepackError):
 
 
 class StateSchemaError(SharepackError):
+    pass
+
+
+class DirectionsError(SharepackError):
     pass
 
 

@@ -134,8 +134,16 @@ def _free(g: GpuState) -> int:
     return min(g.free, max(g.total, 0))
 
 
-def _simulate(res: ResourceState, request: PodRequest, policy: Policy) -> dict[str, int] | NodeScore:
-    """Counts per GPU the pod ends up holding of `res`, or the infeasible score saying why."""
+def _simulate(
+    res: ResourceState,
+    request: PodRequest,
+    policy: Policy,
+    new_per_container: dict[str, dict[str, int]] | None = None,
+) -> dict[str, int] | NodeScore:
+    """Counts per GPU the pod ends up holding of `res`, or the infeasible score saying why.
+
+    `new_per_container`, when given, receives per container the counts per GPU it takes beyond
+    what it reuses from the pod's pool: what the kubelet asks the device plugin to choose."""
     name = res.name
     free = {g.key: _free(g) for g in res.gpus}
     totals = {g.key: max(g.total, 0) for g in res.gpus}
@@ -166,6 +174,8 @@ def _simulate(res: ResourceState, request: PodRequest, policy: Policy) -> dict[s
             for k, cnt in extra.items():
                 free[k] -= cnt
                 held[k] = held.get(k, 0) + cnt
+            if new_per_container is not None:
+                new_per_container[c.name] = {k: cnt for k, cnt in extra.items() if cnt}
         if c.kind is ContainerKind.INIT:
             # An init container's devices return to the pool when it ends; the reused ones
             # are in it already.
@@ -253,6 +263,31 @@ def score_node(
     score = min(max(_round_half_up(rank), MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
     reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
     return NodeScore(True, score, reason, MappingProxyType(placement), rank=rank)
+
+
+ContainerPlacements = tuple[tuple[str, Placement], ...]  # (container name, its new devices), kubelet order
+
+
+def container_placements(state: NodeState, request: PodRequest) -> ContainerPlacements | None:
+    """Per container, the physical GPUs of the devices it takes beyond what it reuses from the
+    pod's pool (one key per device), as `score_node` predicts them: the same loop, split by
+    container. Containers that take nothing new are left out (the kubelet does not ask the
+    device plugin for them). None when the pod does not fit."""
+    per: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name, _ in request.totals:
+        res = state.resource(name)
+        if res is None:
+            return None
+        new: dict[str, dict[str, int]] = {}
+        if isinstance(_simulate(res, request, state.allocation_policy, new), NodeScore):
+            return None
+        for container, counts in new.items():
+            if counts:
+                keys = tuple(sorted(k for k, cnt in counts.items() for _ in range(cnt)))
+                per.setdefault(container, {})[name] = keys
+    return tuple(
+        (c.name, MappingProxyType(per[c.name])) for c in request.containers if c.name in per
+    )
 
 
 def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
@@ -360,6 +395,52 @@ def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> Nod
             gpus.append(g)
         resources.append(replace(res, gpus=tuple(gpus)))
     return replace(state, resources=tuple(resources))
+
+
+def release_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
+    """The state after a pod that held `placement` has gone, before its agent republishes (how
+    the extender frees a deleted pod's devices at once). Counts never go below zero."""
+    if not placement:
+        return state
+    resources = []
+    for res in state.resources:
+        keys = placement.get(res.name)
+        if not keys:
+            resources.append(res)
+            continue
+        counts = Counter(keys)
+        gpus = []
+        for g in res.gpus:
+            n = counts.get(g.key, 0)
+            if n or pod_uid in g.pods:
+                pods = tuple(p for p in g.pods if p != pod_uid)
+                g = replace(g, allocated=max(g.allocated - n, 0), pods=pods)
+            gpus.append(g)
+        resources.append(replace(res, gpus=tuple(gpus)))
+    return replace(state, resources=tuple(resources))
+
+
+def held_placement(state: NodeState, pod_uid: str, request: PodRequest | None) -> Placement | None:
+    """What the published state says the pod holds, one GPU key per device; None when its
+    counts cannot tell (the state lists pods per GPU, not how many devices each holds).
+
+    On a GPU the pod holds alone, it holds every allocated device; the rest of the pod's total
+    (`request`, as the kubelet counts it) sits on the GPUs it shares, which is known only when
+    there is one such GPU."""
+    out: dict[str, tuple[str, ...]] = {}
+    for res in state.resources:
+        mine = [g for g in res.gpus if pod_uid in g.pods]
+        if not mine:
+            continue
+        keys = [g.key for g in mine if len(g.pods) == 1 for _ in range(max(g.allocated, 0))]
+        shared = [g for g in mine if len(g.pods) > 1]
+        if shared:
+            left = (request.total(res.name) if request is not None else 0) - len(keys)
+            if len(shared) != 1 or left <= 0:
+                return None
+            keys.extend([shared[0].key] * left)
+        out[res.name] = tuple(sorted(keys))
+    return MappingProxyType(out) if out else None
 
 
 def placed_gpus(state: NodeState, pod_uid: str) -> dict[str, frozenset[str]]:

@@ -162,9 +162,12 @@ def build_node_state(
     agent_version: str,
     observed_at: str,
     recently_allocated: Mapping[str, Collection[str]] | None = None,
+    recent_holders: Mapping[str, str] | None = None,
 ) -> NodeState:
     """The node's state. A pod whose UID is not known yet holds its devices without being
-    listed in `pods`; it is listed once the caller learns its UID."""
+    listed in `pods`; it is listed once the caller learns its UID. `recent_holders`: device ID
+    -> UID of the pod a recent allocation was for, when the caller knows it before PodResources
+    does (directed GPUs name the pod): such a pod is listed at once."""
     sick = frozenset(unhealthy)
     out: list[ResourceState] = []
     for res in resources:
@@ -177,7 +180,10 @@ def build_node_state(
                     holders.setdefault(device_id, set()).add(uid)
         for device_id in (recently_allocated or {}).get(res.name, ()):
             if device_id in by_id:
-                holders.setdefault(device_id, set())
+                held = holders.setdefault(device_id, set())
+                directed_to = (recent_holders or {}).get(device_id)
+                if directed_to and not held:
+                    held.add(directed_to)
 
         tallies: dict[str, _Tally] = {}
         for device in res.devices:

@@ -12,8 +12,10 @@ Differences from upstream, on purpose:
 
 * Never the remainder group: upstream's final filter does not exclude padded groups, so it can
   return fewer GPUs than asked (placeholders stripped). We only ever return a full group.
-* Ties are broken deterministically (lowest available-order indices first), not by Go's
-  enumeration order, so on tie-sensitive inputs we may return another equally optimal group.
+* Ties are broken by GPU index (the caller's `index_of`; by ID text for GPUs it does not
+  index), not by Go's enumeration order, so on tie-sensitive inputs we may return another equally
+  optimal group. The order in which the kubelet lists the available IDs (a Go set, so any order)
+  never changes the answer: the search runs over the GPUs sorted by that tie-break order.
 
 Search (why it is fast enough): upstream enumerates every partition, tens of millions at 16 GPUs.
 We run a memoised dynamic programme over subsets instead: a state is the set of GPUs still to
@@ -43,7 +45,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 # Work units the exact search may spend before handing over to the heuristic. A group evaluation
 # costs its pair count plus a fixed overhead (`_cost`); 100k units are about 8 ms of CPython.
@@ -99,20 +101,36 @@ def group_score(pair_scores: Mapping[tuple[str, str], int], group: Sequence[str]
     return sum(pair_score(pair_scores, a, b) for a, b in itertools.combinations(group, 2))
 
 
+def tie_order(index_of: Mapping[str, int] | None) -> Callable[[str], tuple[int, int, str]]:
+    """Sort key of a GPU ID: indexed GPUs by index, then any others by ID text."""
+    indices = index_of or {}
+
+    def key(gpu: str) -> tuple[int, int, str]:
+        index = indices.get(gpu)
+        return (0, index, gpu) if index is not None else (1, 0, gpu)
+
+    return key
+
+
 def best_effort(
     pair_scores: Mapping[tuple[str, str], int],
     available: Sequence[str],
     required: Sequence[str],
     size: int,
     *,
+    index_of: Mapping[str, int] | None = None,
     work_budget: int = EXACT_WORK_BUDGET,
 ) -> list[str]:
     """`size` GPUs from `available` holding `required`, or `[]` when impossible.
 
-    Returns the required GPUs first (in the order given), then the others in `available` order.
+    `index_of` gives the GPU index of each ID: ties go to the lowest indices. Returns the
+    required GPUs first (in the order given), then the others by index; the order of
+    `available` never matters.
     """
-    avail = list(dict.fromkeys(available))
-    req = list(dict.fromkeys(required))
+    by_index = tie_order(index_of)
+    avail = sorted(set(available), key=by_index)
+    given_req = list(dict.fromkeys(required))
+    req = sorted(given_req, key=by_index)
     if size <= 0 or len(avail) < size or len(req) > size:
         return []
     avail_set = set(avail)
@@ -136,7 +154,7 @@ def best_effort(
     if chosen is None:
         chosen = _heuristic(scores, n, size, len(req))
     picked = set(chosen)
-    return req + [gpu for i, gpu in enumerate(order) if i in picked and gpu not in req_set]
+    return given_req + [gpu for i, gpu in enumerate(order) if i in picked and gpu not in req_set]
 
 
 def _group_value(scores: list[list[int]], members: Sequence[int]) -> int:

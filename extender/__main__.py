@@ -21,6 +21,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -35,6 +36,7 @@ from common import addresses, fragmentation, podrequests, scoring
 from common import state as published
 from common.errors import ConfigError
 from common.policies import NodePolicy
+from extender import directing
 from extender.binding import ApiBinder, Binder
 from extender.bindguard import BindGuard, UnscoredBinds
 from extender.caches import ClusterView, pod_handler, state_handler
@@ -73,6 +75,7 @@ class Options:
     resync_s: float = DEFAULT_RESYNC_S
     state_max_age_s: float = DEFAULT_STATE_MAX_AGE_S  # 0: no age check
     filter_tier_width: int = scoring.DEFAULT_TIER_WIDTH  # 0: the filter passes every feasible node
+    directed_gpus: bool = True  # annotate bound pods with their GPUs (extender.directing)
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -132,12 +135,16 @@ def parse_args(argv: Sequence[str]) -> Options:
                         "agent reports it")  # fmt: skip
     p.add_argument("--resync", type=float, default=DEFAULT_RESYNC_S, help="relist period, s")
     p.add_argument("--state-max-age-seconds", type=float, default=DEFAULT_STATE_MAX_AGE_S,
-                   help="a NodeGpuState whose observedAt is older than this is stale: its node "
+                   help="a NodeGpuState whose observedAt has not changed for this long (by our clock) is stale: its node "
                         "is treated as unknown (passes filter, score 0); 0 turns the check off")  # fmt: skip
     p.add_argument("--filter-tier-width", type=int, default=scoring.DEFAULT_TIER_WIDTH,
                    help="the filter passes only this many best feasible nodes by the node policy's "
                         "own rank (ties by name), so the scheduler cannot scatter GPU pods; 0 "
                         "passes all (default: %(default)s)")  # fmt: skip
+    p.add_argument("--directed-gpus", action=argparse.BooleanOptionalAction, default=True,
+                   help="at bind, write the physical GPUs the pod was counted on into its "
+                        "sharepack.io/gpus annotation, for the node's agent to allocate on "
+                        "(default: on)")  # fmt: skip
     a = p.parse_args(list(argv))
     if a.filter_tier_width < 0:
         p.error(f"invalid --filter-tier-width option: {a.filter_tier_width} (want 0 or more)")
@@ -192,6 +199,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         resync_s=a.resync,
         state_max_age_s=a.state_max_age_seconds,
         filter_tier_width=a.filter_tier_width,
+        directed_gpus=a.directed_gpus,
     )
     try:
         opts.host_port
@@ -312,6 +320,7 @@ class Service:
                 ),  # fmt: skip
             ]
             binder = ApiBinder(self._watch_api)
+            binder = directing.DirectingBinder(binder, self.view, api) if opts.directed_gpus else binder
         guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds)
         self.extender = Extender(
             self.view, binder=binder, metrics=self.metrics, ready=self.synced,
@@ -435,7 +444,11 @@ async def run(opts: Options) -> int:
         signals += 1
         if signals > 1:
             log.warning("second signal: exiting now")
-            sys.exit(1)
+            # Not sys.exit: raised in this callback it unwinds through asyncio.run's teardown,
+            # which cancels in-flight handlers (aiohttp logs a traceback) and joins worker threads
+            # (a /bind stuck in the API client). At once means at once: flush the logs and go.
+            logging.shutdown()
+            os._exit(1)
         log.info("signal received: draining (send another to exit at once)")
         stop.set()
 

@@ -5,16 +5,25 @@
   pod watch) but not yet counted by the node's agent. An assumed pod counts with its predicted
   placement until the node's published pod UIDs include it or `assume_ttl` passes; when the
   agent reports it, predicted and reported physical GPUs are compared
-  (`sharepack_extender_predictions_total`). Per node it keeps one `NodeScorer` for the
-  effective state (published + assumed), rebuilt on every change, so the request path is
-  dictionary lookups.
+  (`sharepack_extender_predictions_total`). A pod whose `sharepack.io/gpus` annotation directs
+  it on its node (written at bind, maybe by another replica: `extender.directing`) counts with
+  those GPUs instead of our prediction: its agent allocates there. Symmetrically, a pod that is deleted or reaches
+  Succeeded/Failed while its node's published state still lists it is *released*: its devices
+  count as free at once (the kubelet frees them about when the DELETED event arrives, before
+  the agent republishes), until the published state drops it or `assume_ttl` passes. Per node
+  it keeps one `NodeScorer` for the effective state (published - released + assumed), rebuilt
+  on every change, so the request path is dictionary lookups.
 * Freshness: each agent rewrites its state at least every heartbeat (`--state-heartbeat-seconds`)
-  even when nothing changed. A state whose `observedAt` is older than `max_age_s` is *stale*
-  and the node is treated as unknown (filter passes it, prioritize scores it 0): its agent may
-  be dead, and its counts may be wrong in either direction. `observedAt` is parsed once per
-  watch event into `WireScorer.fresh_until` (wall-clock seconds); the request path compares
-  that float against one clock read per request. `sweep_stale` (called periodically) logs
-  each node once as it goes stale; a write that makes it fresh again is logged as it arrives.
+  even when nothing changed, with a new `observedAt`. A state whose `observedAt` has not
+  changed for `max_age_s`, *by this extender's clock*, is *stale* and the node is treated as
+  unknown (filter passes it, prioritize scores it 0): its agent may be dead, and its counts may
+  be wrong in either direction. The age is counted from when we saw `observedAt` change, never
+  from its value: a node whose clock is minutes off would otherwise be always stale (or never).
+  The cost: a state first seen at our start counts as fresh for one `max_age_s`, since we cannot
+  tell an old write from a skewed clock. `WireScorer.fresh_until` holds that deadline
+  (wall-clock seconds); the request path compares that float against one clock read per
+  request. `sweep_stale` (called periodically) logs each node once as it goes stale; a write
+  that makes it fresh again is logged as it arrives.
 * The caches are fed by `kube.reflecting.Reflector`s (list + watch on the event loop, periodic
   resync, relist on 410 Gone, capped exponential backoff): `replace_states` / `replace_pods`
   after each list, `state_handler` / `pod_handler` for each watch event. The request path
@@ -29,10 +38,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from common import fragmentation, podrequests, scoring, statebuilding
-from common.errors import RequestError, StateSchemaError
+
+from common import directions, fragmentation, podrequests, scoring, statebuilding
+from common.errors import DirectionsError, RequestError, StateSchemaError
 from common.podrequests import PodRequest
 from common.policies import NodePolicy, Policy
 from common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
@@ -98,9 +109,30 @@ class Assumed:
     expires: float  # monotonic
 
 
+@dataclass(slots=True)
+class Released:
+    placement: Placement  # the devices the gone pod held, freed in the effective state
+    expires: float  # monotonic
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def directed_placement(obj: Any, node: str) -> Placement | None:
+    """The placement a bound pod's `sharepack.io/gpus` annotation names for `node`: what its
+    agent allocates, whichever extender replica wrote it. None without usable directions."""
+    raw = _meta(obj).get("annotations")
+    text = raw.get(directions.ANNOTATION) if isinstance(raw, Mapping) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        d = directions.decode(text, where=f"pod {_meta(obj).get('namespace')}/{_meta(obj).get('name')}")
+    except DirectionsError as e:
+        log.debug("%s", e)
+        return None
+    return MappingProxyType(directions.placement(d)) if d.node == node else None
 
 
 class ClusterView:
@@ -125,8 +157,9 @@ class ClusterView:
         self.managed = managed
         # States older than this are stale (the node counts as unknown); 0: no age check.
         self.max_age_s = max_age_s
-        self.wall_clock = wall_clock  # compared with the agents' observedAt: wall time
+        self.wall_clock = wall_clock  # ours only: never compared with an agent's observedAt
         self._fresh_until: dict[str, float] = {}  # node -> when its published state goes stale
+        self._heard: dict[str, tuple[str, float]] = {}  # node -> (observedAt, when we saw it change)
         self.stale: set[str] = set()  # nodes last logged as stale
         self.scorers: dict[str, WireScorer] = {}  # nodes with a usable published state
         self.published: dict[str, tuple[str, NodeState]] = {}  # node -> (resourceVersion, state)
@@ -134,6 +167,8 @@ class ClusterView:
         self.assumed: dict[str, Assumed] = {}
         self._assumed_on: dict[str, set[str]] = {}  # node -> assumed pod UIDs
         self._settled: set[str] = set()  # counted by the agent, or expired: never assumed again
+        self._placed: dict[str, Placement] = {}  # settled pods whose prediction matched: exact
+        self._released: dict[str, dict[str, Released]] = {}  # node -> gone pods still published
         self.pods: dict[str, str] = {}  # bound GPU pod UID -> node
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
         self._shapes: OrderedDict[str, PodRequest] = OrderedDict()  # most recent last
@@ -225,7 +260,7 @@ class ClusterView:
         old = self.published.get(name)
         self._publish(name, (rv, state))
         fresh_until = self._track_freshness(name, state)
-        settled = False
+        settled = self._catch_up_releases(name, state)
         for uid in list(self._assumed_on.get(name, ())):
             reported = scoring.placed_gpus(state, uid)
             if reported:
@@ -242,17 +277,19 @@ class ClusterView:
     # -- freshness -------------------------------------------------------------------------
 
     def _track_freshness(self, name: str, state: NodeState) -> float:
-        """Parse `observedAt` once, remember when the state goes stale, log a transition."""
+        """Note when `observedAt` changed (by our clock), remember when the state goes stale,
+        log a transition."""
         if self.max_age_s <= 0:
             fresh_until = NEVER_STALE
         else:
             now = self.wall_clock()
-            observed = observed_epoch(state.observed_at)
-            if observed is None:
+            if observed_epoch(state.observed_at) is None:
                 fresh_until = -math.inf  # no usable time: we cannot tell it is fresh
             else:
-                # An agent clock ahead of ours must not buy extra life: count from receipt.
-                fresh_until = min(observed, now) + self.max_age_s
+                heard = self._heard.get(name)
+                if heard is None or heard[0] != state.observed_at:
+                    heard = self._heard[name] = (state.observed_at, now)
+                fresh_until = heard[1] + self.max_age_s
             if fresh_until <= now:
                 self._went_stale(name, state.observed_at, now)
             elif name in self.stale:
@@ -266,8 +303,11 @@ class ClusterView:
         if name in self.stale:
             return
         self.stale.add(name)
-        observed = observed_epoch(observed_at)
-        age = "unreadable" if observed is None else f"{now - observed:.0f} s ago"
+        heard = self._heard.get(name)
+        if observed_epoch(observed_at) is None or heard is None:
+            age = "unreadable"
+        else:
+            age = f"unchanged for {now - heard[1]:.0f} s by our clock"
         log.warning(
             "NodeGpuState of node %s is stale: observed at %s (%s), max age %.0f s; treating the "
             "node as unknown (filter passes it, score 0) until its agent writes again",
@@ -276,6 +316,7 @@ class ClusterView:
 
     def _forget_freshness(self, name: str) -> None:
         self._fresh_until.pop(name, None)
+        self._heard.pop(name, None)
         self.stale.discard(name)
 
     def sweep_stale(self) -> int:
@@ -380,6 +421,7 @@ class ClusterView:
 
     def _drop_state(self, name: str) -> None:
         self._publish(name, None)
+        self._released.pop(name, None)
         self.invalid.pop(name, None)
         self.scorers.pop(name, None)
         self._forget_freshness(name)
@@ -393,6 +435,8 @@ class ClusterView:
         predicted = scoring.placement_gpus(a.placement)
         match = all(reported.get(r, frozenset()) == keys for r, keys in predicted.items())
         self.metrics.prediction(match)
+        if match:
+            self._placed[uid] = a.placement  # exact: how many devices on each GPU, for release
         if not match:
             log.info(
                 "prediction missed for pod %s on node %s: predicted %s, agent reports %s",
@@ -406,6 +450,8 @@ class ClusterView:
             self.scorers.pop(name, None)
         else:
             rv, state = entry
+            for uid, r in self._released.get(name, {}).items():
+                state = scoring.release_placement(state, uid, r.placement)
             for uid in self._assumed_on.get(name, ()):
                 state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
             self._generation += 1
@@ -423,11 +469,15 @@ class ClusterView:
         for obj in objects:
             if isinstance(obj, Mapping):
                 present.add(str(_meta(obj).get("uid", "")))
-        # Assumed pods stay (a /bind can be newer than this list; the TTL bounds them).
+        # Assumed pods stay (a /bind can be newer than this list; the TTL bounds them). Bound
+        # pods missing from the list were deleted while we were not watching: released.
         for uid in [u for u in self.pods if u not in present]:
-            self.pods.pop(uid, None)
-            self._settled.discard(uid)
+            if uid in self.assumed:
+                self.pods.pop(uid, None)
+            else:
+                self.forget_pod(uid)
         self._settled &= present | set(self.assumed)
+        self._placed = {u: p for u, p in self._placed.items() if u in present}
         for obj in objects:
             self.upsert_pod(obj)
 
@@ -439,10 +489,10 @@ class ClusterView:
             return
         if not pod.uid or not pod.node_name:
             return
-        if pod.phase in TERMINAL_PHASES:
-            self.forget_pod(pod.uid)
-            return
         request = self.relevant(podrequests.pod_request(pod, self.managed))
+        if pod.phase in TERMINAL_PHASES:
+            self.forget_pod(pod.uid, request)
+            return
         if request.empty:
             return
         self.pods[pod.uid] = pod.node_name
@@ -454,20 +504,57 @@ class ClusterView:
             self._settled.add(pod.uid)  # already counted by its agent
             self._changed()
             return
-        self.assume(pod.uid, pod.node_name, request)
+        self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name))
 
     def delete_pod(self, obj: Any) -> None:
-        if isinstance(obj, Mapping):
-            self.forget_pod(str(_meta(obj).get("uid", "")))
+        if not isinstance(obj, Mapping):
+            return
+        request = None
+        try:
+            request = self.relevant(podrequests.pod_request(podrequests.decode_pod(obj, self.managed), self.managed))
+        except RequestError as e:
+            log.debug("a deleted pod is undecodable; releasing only what its placement shows: %s", e)
+        self.forget_pod(str(_meta(obj).get("uid", "")), request)
 
-    def forget_pod(self, uid: str) -> None:
-        self.pods.pop(uid, None)
+    def forget_pod(self, uid: str, request: PodRequest | None = None) -> None:
+        """The pod is gone (deleted, or Succeeded/Failed): stop counting it, and free what its
+        node's published state still counts for it (`request`, when known, tells how many
+        devices it held on a GPU it shared)."""
+        node = self.pods.pop(uid, None)
         self._settled.discard(uid)
+        placed = self._placed.pop(uid, None)
         a = self._forget_assumed(uid)
-        if a is not None:
-            self._rebuild(a.node)
+        node = node or (a.node if a is not None else None)
+        released = node is not None and self._release(uid, node, placed, request)
+        if a is not None or released:
+            assert node is not None
+            self._rebuild(node)
         else:
             self._changed()
+
+    def _release(self, uid: str, node: str, placed: Placement | None, request: PodRequest | None) -> bool:
+        entry = self.published.get(node)
+        if entry is None or not scoring.placed_gpus(entry[1], uid):
+            return False  # not (or no longer) counted by its agent: nothing to free
+        placement = placed or scoring.held_placement(entry[1], uid, request)
+        if not placement:
+            log.info("pod %s on node %s is gone; its devices count until its agent republishes "
+                     "(the published counts do not say how many it held)", uid, node)  # fmt: skip
+            return False
+        self._released.setdefault(node, {})[uid] = Released(placement, self.clock() + self.assume_ttl)
+        return True
+
+    def _catch_up_releases(self, node: str, state: NodeState) -> bool:
+        """Forget released pods the node's published state no longer lists; True if any."""
+        released = self._released.get(node)
+        if not released:
+            return False
+        done = [uid for uid in released if not scoring.placed_gpus(state, uid)]
+        for uid in done:
+            del released[uid]
+        if not released:
+            del self._released[node]
+        return bool(done)
 
     def _forget_assumed(self, uid: str) -> Assumed | None:
         a = self.assumed.pop(uid, None)
@@ -481,8 +568,12 @@ class ClusterView:
 
     # -- assumptions -----------------------------------------------------------------------
 
-    def assume(self, uid: str, node: str, request: PodRequest) -> NodeScore | None:
-        """Count `request` on `node` with its predicted placement until the agent reports it."""
+    def assume(
+        self, uid: str, node: str, request: PodRequest, directed: Placement | None = None
+    ) -> NodeScore | None:
+        """Count `request` on `node` with its predicted placement until the agent reports it;
+        `directed`: the placement the pod's directions name (another replica's prediction, which
+        the agent follows), used instead of ours."""
         request = self.relevant(request)
         if uid in self.assumed or uid in self._settled or request.empty:
             return None
@@ -494,10 +585,44 @@ class ClusterView:
         scorer = self.fresh_scorer(node)  # a stale node is unknown: no prediction either
         predicted = scorer.score(request) if scorer is not None else None
         placement = predicted.placement if predicted is not None and predicted.feasible else {}
+        if directed:
+            placement = directed
         self.assumed[uid] = Assumed(uid, node, placement, self.clock() + self.assume_ttl)
         self._assumed_on.setdefault(node, set()).add(uid)
         self._rebuild(node)
         return predicted
+
+    def direct(self, uid: str, node: str, request: PodRequest) -> scoring.ContainerPlacements:
+        """Assume the pod on `node` now, and return its predicted placement split by container
+        (the directed GPUs), both computed on one effective state: what the pod is told to take
+        is exactly what it counts with. Empty when there is nothing to direct (a stale or
+        unknown node, an infeasible pod, a pod already counted)."""
+        request = self.relevant(request)
+        scorer = self.fresh_scorer(node)
+        if scorer is None or request.empty or uid in self.assumed or uid in self._settled:
+            return ()
+        split = scoring.container_placements(scorer.state, request)
+        predicted = self.assume(uid, node, request)
+        if not split or predicted is None or not predicted.feasible:
+            log.info("pod %s: not directing its GPUs on node %s: %s", uid, node,
+                     predicted.reason if predicted is not None else "not predicted")  # fmt: skip
+            return ()
+        joined = directions.placement(directions.from_placements(node, split))
+        # The split comes from the same loop as the prediction; renaming alike nodes' shared
+        # scores must not change it. If it ever did, directing would break the prediction.
+        if scoring.placement_gpus(predicted.placement) != scoring.placement_gpus(joined):
+            log.warning("pod %s on node %s: per-container placement %s disagrees with the "
+                        "prediction %s; not directing its GPUs", uid, node, split, predicted.placement)  # fmt: skip
+            return ()
+        return split
+
+    def unassume(self, uid: str, node: str) -> None:
+        """Undo `direct` after a failed bind: stop counting the pod on `node`, and only there
+        (the pod watch may have seen it bound elsewhere meanwhile)."""
+        a = self.assumed.get(uid)
+        if a is not None and a.node == node:
+            self._forget_assumed(uid)
+            self._rebuild(node)
 
     def expire(self) -> int:
         """Stop counting assumed pods older than the TTL; returns how many."""
@@ -508,7 +633,17 @@ class ClusterView:
                      a.uid, a.node)  # fmt: skip
             self._forget_assumed(a.uid)
             self._settled.add(a.uid)
-        for node in {a.node for a in late}:
+        late_nodes = {a.node for a in late}
+        for node, released in list(self._released.items()):
+            gone = [uid for uid, r in released.items() if r.expires <= now]
+            for uid in gone:
+                log.info("released pod %s still listed by node %s's agent after the TTL: counted again", uid, node)
+                del released[uid]
+            if gone:
+                late_nodes.add(node)
+            if not released:
+                del self._released[node]
+        for node in late_nodes:
             self._rebuild(node)
         return len(late)
 

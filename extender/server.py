@@ -184,7 +184,9 @@ class Extender:
         # and concurrent binds to one node are predicted in the order they arrived.
         uid = args.pod_uid
         assumed_now = False
-        if not verdict.request.empty and uid not in self.view.assumed:
+        # A directing binder assumes the pod itself, with the GPUs it directs (`counts_pods`).
+        counts_itself = getattr(self.binder, "counts_pods", False)
+        if not counts_itself and not verdict.request.empty and uid not in self.view.assumed:
             self.view.assume(uid, args.node, verdict.request)
             assumed_now = uid in self.view.assumed
         try:
@@ -196,6 +198,8 @@ class Extender:
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
         m.bind(True)
+        if not verdict.request.empty:
+            self.view.assume(uid, args.node, verdict.request)  # a no-op when counted already
         return self._json(protocol.encode_binding_result())
 
     async def explain(self, request: web.Request) -> web.Response:

@@ -13,11 +13,14 @@ What it does, and where it follows the kubelet (pkg/kubelet/cm/devicemanager):
 * Admission, container by container (init containers first) as the device manager does:
   devices left by plain init containers are reused first; then available = healthy minus
   allocated; `GetPreferredAllocation` (only when the plugin's options say so) gets available plus
-  the devices already chosen, must-include = those chosen, size = the whole request; the answer is
+  the devices already chosen, must-include = those chosen (both in no set order, as a Go set
+  lists them: `sandbox.goset`), size = the whole request; the answer is
   used as an unordered set and any shortfall is filled from the available devices; then
   `Allocate`. After the device manager, the node-fit predicate runs (allocatable, raised to what
   is already allocated, against the requests of all admitted pods). A failure rejects the pod
   and frees everything it held.
+* `cut_stream(resource)`: the kubelet ends one ListAndWatch stream, sockets untouched (a broken
+  connection): the resource's devices turn unhealthy until the plugin registers again.
 * `restart()`: the process dies (servers and plugin connections go), every socket in the
   device-plugins directory is deleted, `kubelet.sock` and the PodResources socket are created
   anew, allocations are kept and capacity drops to zero until plugins register again.
@@ -46,6 +49,7 @@ import grpc.aio
 from google.protobuf import text_format
 
 from proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from sandbox import goset
 from sandbox import kubelet_validation as validation
 from sandbox.kubelet_pods import (
     HEALTHY,
@@ -242,6 +246,19 @@ class FakeKubelet:
             table.devices = {}
         self._restarts += 1
         await self.start()
+
+    async def cut_stream(self, resource: str) -> None:
+        """End a resource's ListAndWatch stream from the kubelet's side without a restart (the
+        sockets stay): its devices turn unhealthy and the kubelet never redials, as when the
+        real kubelet's stream breaks. Only a new registration brings the resource back."""
+        endpoint = self._endpoints.get(resource)
+        if endpoint is None or endpoint.stopped:
+            raise ValueError(f"fake kubelet: no live ListAndWatch stream for {resource}")
+        await self._close_endpoint(endpoint)
+        table = self._tables.setdefault(resource, _Table())
+        table.devices = {k: replace(d, healthy=False) for k, d in table.devices.items()}
+        log.info("ListAndWatch cut by the kubelet", extra={"resource": resource})
+        self._notify()
 
     async def __aenter__(self) -> FakeKubelet:
         await self.start()
@@ -604,8 +621,8 @@ class FakeKubelet:
         request = api_pb2.PreferredAllocationRequest(
             container_requests=[
                 api_pb2.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=sorted(available),
-                    must_include_deviceIDs=sorted(must_include),
+                    available_deviceIDs=goset.unsorted_list(available),
+                    must_include_deviceIDs=goset.unsorted_list(must_include),
                     allocation_size=size,
                 )
             ]

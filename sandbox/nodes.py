@@ -190,6 +190,23 @@ class SimulatedNode:
         for resource in resources:
             await self.kubelet.wait_for_resource(resource, timeout=AGENT_START_TIMEOUT_S)
 
+    async def restart_agent(self) -> None:
+        """SIGKILL the agent (a crash, or its DaemonSet pod replaced) and start it again with the
+        same arguments; returns once the kubelet has every resource from the new one."""
+        agent = self._agent
+        if agent is None or agent.proc is None:
+            raise NodeStartError(f"node {self.name}: no agent to restart")
+        resources = self.kubelet.resources()
+        agent.proc.kill()
+        await agent.stop()
+        # The kubelet notices the dead plugin when its streams break: wait for that, so the
+        # wait below sees the new agent's registration, not the old one's.
+        await self.kubelet.wait_until(lambda: not any(self.kubelet.connected(r) for r in resources),
+                                      timeout=AGENT_START_TIMEOUT_S, what="the killed agent's streams ended")  # fmt: skip
+        new = self._agent = LoggedProcess(self.agent_args(), self._log_path)
+        await new.start()
+        await self._wait_serving(new, resources)
+
     async def stop(self) -> None:
         loop, self._loop = self._loop, None
         if loop is not None:

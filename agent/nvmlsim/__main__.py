@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _bench()
         return 0
     if args.command == "show":
-        from agent import nvml  # the adapter, exactly as the agent runs it
+        from agent import gpucheck, nvml  # the adapter, exactly as the agent runs it
 
         try:
             lib = nvml.load_library(args.machine)
@@ -49,17 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         inventory = nvml.read_inventory(lib)
         nvml.shutdown(lib)
-        index = {g.uuid: g.index for g in inventory.gpus}
-        for gpu in inventory.gpus:
-            print(f"GPU {gpu.index} {gpu.uuid} {gpu.name} {gpu.memory_mib} MiB "
-                  f"bus {gpu.pci_bus_id} numa {gpu.numa_node} mig {gpu.mig_enabled}")
-            for mig in gpu.mig_devices:
-                print(f"  MIG {mig.index} {mig.uuid} {mig.profile} gi {mig.gi_id} ci {mig.ci_id} "
-                      f"placement {mig.placement_start}:{mig.placement_size} {mig.memory_mib} MiB")
-        pairs = sorted((*sorted((index[a], index[b])), score)
-                       for (a, b), score in inventory.pair_scores.items())
-        for i, j, score in pairs:
-            print(f"pair {i}-{j}: {score}")
+        print("\n".join(gpucheck.inventory_lines(inventory)))
         return 0
     try:
         line = control_line(args.uuid, args.xid, args.gi, args.ci)

@@ -100,7 +100,7 @@ class XidQueue:
 @asynccontextmanager
 async def fake_kubelet() -> AsyncIterator[FakeKubelet]:
     root = Path(tempfile.mkdtemp(prefix="spa-", dir="/tmp"))
-    kubelet = FakeKubelet(root)
+    kubelet = FakeKubelet(root, rpc_timeout=30.0)  # the agent shares this loop: starved when loaded
     await kubelet.start()
     try:
         yield kubelet

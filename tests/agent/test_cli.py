@@ -7,12 +7,19 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from sandbox.apiserver import FakeApiServer
 from sandbox.apiserver_resources import NODE_GPU_STATES, NODES
 from sandbox.apiserver_store import ApiError
 from tests.agent.harness import fake_kubelet, pod
+
+# Real processes: their cold start (imports) alone can take tens of seconds on a loaded machine.
+pytestmark = pytest.mark.timeout(180)
 
 REPO = Path(__file__).resolve().parents[2]
 NO_DRIVER = """name: no-driver
@@ -34,7 +41,7 @@ class _Lines:
         self._stream = stream
         self._seen = 0
 
-    async def wait_for(self, pattern: str, timeout: float = 10.0) -> str:
+    async def wait_for(self, pattern: str, timeout: float = 30.0) -> str:
         rx = re.compile(pattern)
         async with asyncio.timeout(timeout):
             while True:
@@ -66,7 +73,7 @@ async def test_cli_serves_a_simulated_machine_reloads_on_sighup_and_drains_on_si
         lines = _Lines(proc.stderr)
         try:
             await lines.wait_for(r"running with config: .*\"sharedDevicesAllocationPolicy\": \"packed\"")
-            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=10)
+            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=30)
             assert kubelet.capacity() == {"nvidia.com/gpu": 16}
 
             config_file.write_text(BAD)
@@ -79,7 +86,7 @@ async def test_cli_serves_a_simulated_machine_reloads_on_sighup_and_drains_on_si
 
             proc.send_signal(signal.SIGTERM)
             await lines.wait_for("draining")
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -103,9 +110,9 @@ async def test_cli_publishes_the_node_state_when_an_api_is_configured() -> None:
         assert proc.stderr is not None
         lines = _Lines(proc.stderr)
         try:
-            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=10)
+            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=30)
             # Another process writes the object: poll the fake API (there is nothing to await).
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(30):
                 while True:
                     try:
                         obj = api.store.get(NODE_GPU_STATES, "", "node-0")
@@ -118,7 +125,7 @@ async def test_cli_publishes_the_node_state_when_an_api_is_configured() -> None:
             assert resource["name"] == "nvidia.com/gpu"
             assert sum(g["total"] for g in resource["gpus"]) == 4
             proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -137,7 +144,7 @@ async def test_cli_without_a_driver_honours_fail_on_init_error() -> None:
         failing = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent", *common, stderr=asyncio.subprocess.PIPE, cwd=REPO
         )
-        _, err = await asyncio.wait_for(failing.communicate(), 20)
+        _, err = await asyncio.wait_for(failing.communicate(), 30)
         assert failing.returncode == 1
         assert "cannot start" in err.decode() and "failOnInitError is true" in err.decode()
 
@@ -149,9 +156,69 @@ async def test_cli_without_a_driver_honours_fail_on_init_error() -> None:
         try:
             await _Lines(idle.stderr).wait_for("serving nothing until stopped")
             idle.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(idle.wait(), 10) == 0
+            assert await asyncio.wait_for(idle.wait(), 30) == 0
         finally:
             if idle.returncode is None:
                 idle.kill()
                 await idle.wait()
         assert kubelet.registrations == ()
+
+
+async def test_the_state_flags_reach_the_publisher() -> None:
+    # --state-heartbeat-seconds (a flag) rewrites an unchanged state; the min write interval
+    # (its environment variable) spaces every write. At the defaults (60 s, 0.5 s) neither shows:
+    # no rewrite within the test, and a second pod's write follows the first by well under 1.2 s.
+    heartbeat_s, min_interval_s = 1.5, 1.2
+    async with fake_kubelet() as kubelet, FakeApiServer() as api:
+        api.store.create(NODES, "", {"metadata": {"name": "node-0"}})
+        kubeconfig = api.write_kubeconfig(kubelet.root / "kubeconfig")
+        env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        env["SHAREPACK_STATE_MIN_WRITE_INTERVAL_SECONDS"] = str(min_interval_s)
+        log_file = kubelet.root / "agent.log"
+        with log_file.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent",
+                "--simulated-machine", "t4-pcie",
+                "--kubelet-socket", str(kubelet.socket_path),
+                "--pod-resources-socket", str(kubelet.pod_resources_socket),
+                "--kubeconfig", str(kubeconfig), "--node-name", "node-0",
+                "--state-heartbeat-seconds", str(heartbeat_s),
+                stderr=log, env=env, cwd=REPO,
+            )  # fmt: skip
+        try:
+            await kubelet.wait_for_resource("nvidia.com/gpu", timeout=30)
+            first = await _stored_status(api, lambda s: bool(s.get("resources")))
+            # Nothing changes, yet the object is rewritten with a later observedAt.
+            beat = await _stored_status(api, lambda s: s["observedAt"] > first["observedAt"])
+            assert _counts(beat) == _counts(first)
+            for i in range(2):  # each pod's write waits for the interval after the write before
+                await kubelet.admit_pod(pod(f"p{i}", "nvidia.com/gpu"))
+                await _stored_status(api, lambda s, i=i: sum(_counts(s)) == i + 1)
+            times = [r.at for r in api.writes("nodegpustates") if r.path.endswith("/status")]
+            gaps = [b - a for a, b in zip(times, times[1:])]
+            assert len(times) >= 3 and min(gaps) >= min_interval_s, gaps
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            if proc.returncode != 0:
+                print(log_file.read_text())
+
+
+async def _stored_status(api: FakeApiServer, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The node-0 NodeGpuState status once `predicate` holds; another process writes it, so poll."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                status = api.store.get(NODE_GPU_STATES, "", "node-0").get("status")
+            except ApiError:  # not created yet
+                status = None
+            if status and predicate(status):
+                return dict(status)
+            await asyncio.sleep(0.02)
+
+
+def _counts(status: dict[str, Any]) -> list[int]:
+    return [g["allocated"] for r in status["resources"] for g in r["gpus"]]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -167,7 +167,7 @@ async def test_xid_marks_every_replica_of_the_gpu_unhealthy_and_list_and_watch_r
         assert kubelet.allocatable() == {"nvidia.com/gpu": 4}
         xids.put(FakeXid(gpu_uuid(0), 13))  # application error: ignored
         xids.put(FakeXid(gpu_uuid(1), 79))
-        await kubelet.wait_until(lambda: kubelet.allocatable() == {"nvidia.com/gpu": 2}, timeout=2, what="gpu 1 unhealthy")
+        await kubelet.wait_until(lambda: kubelet.allocatable() == {"nvidia.com/gpu": 2}, timeout=30, what="gpu 1 unhealthy")
         assert kubelet.healthy("nvidia.com/gpu") == {f"{gpu_uuid(0)}::0", f"{gpu_uuid(0)}::1"}
         assert agent.snapshot().unhealthy == {f"{gpu_uuid(1)}::0", f"{gpu_uuid(1)}::1"}
         assert kubelet.capacity() == {"nvidia.com/gpu": 4}
@@ -179,19 +179,18 @@ async def test_quiet_device_recovers_when_recovery_is_configured() -> None:
         kubelet, config(), plain_gpus(2), xids=xids, recovery_after_s=0.3
     ):
         xids.put(FakeXid(gpu_uuid(1), 79))
-        await kubelet.wait_until(lambda: kubelet.allocatable() == {"nvidia.com/gpu": 1}, timeout=2, what="unhealthy")
-        await kubelet.wait_until(lambda: kubelet.allocatable() == {"nvidia.com/gpu": 2}, timeout=3, what="healed")
+        await kubelet.wait_until(lambda: kubelet.allocatable() == {"nvidia.com/gpu": 1}, timeout=30, what="unhealthy")
+        await kubelet.wait_until(lambda: kubelet.allocatable() == {"nvidia.com/gpu": 2}, timeout=30, what="healed")
 
 
-async def test_kubelet_restart_re_registers_every_resource_within_two_seconds() -> None:
+async def test_kubelet_restart_re_registers_every_resource() -> None:
+    # Generous deadline: a hung test, not a speed claim (bench_agent.py times the restart).
     cfg = config(**{"mig-strategy": "mixed"})
     async with fake_kubelet() as kubelet, running_agent(kubelet, cfg, mig_gpus(2, MIG_LAYOUT)) as agent:
         before = len(kubelet.registrations)
-        started = time.monotonic()
         await kubelet.restart()
         for resource in agent.resources:
-            await kubelet.wait_for_resource(resource.name, timeout=2.0)
-        assert time.monotonic() - started < 2.0
+            await kubelet.wait_for_resource(resource.name, timeout=30.0)
         assert len(kubelet.registrations) >= before + len(agent.resources)
         assert kubelet.capacity() == {"nvidia.com/mig-1g.5gb": 4, "nvidia.com/mig-3g.20gb": 2}
         await kubelet.admit_pod(pod("after", "nvidia.com/mig-1g.5gb"))
@@ -246,18 +245,22 @@ def _score(inventory: Inventory, gpus: tuple[str, ...]) -> int:
     return sum(scores.get((a, b), scores.get((b, a), 0)) for a, b in itertools.combinations(gpus, 2))
 
 
-async def test_full_gpus_on_dgx1_volta_get_the_best_nvlink_sets() -> None:
+async def test_full_gpus_on_dgx1_volta_get_the_best_partition_through_the_kubelet() -> None:
+    # docs/policies.md's example: on an idle hybrid cube mesh a pair request gets GPUs 0 and 3
+    # (230), not the best single pair 2-3 (250), because 0-3 belongs to the best partition into
+    # pairs that the lowest GPU index breaks the tie for. The sandbox kubelet lists the available
+    # IDs in a random order (as a Go set does), so an order-dependent answer fails here.
     with simulated("dgx1-volta") as (_, inventory):
-        everything = {g.uuid for g in inventory.gpus}
+        index = {g.uuid: g.index for g in inventory.gpus}
         async with fake_kubelet() as kubelet, running_agent(
             kubelet, config(**{"shared-devices-allocation-policy": "packed"}), inventory
         ):
-            held: set[str] = set()
+            answers = []
             for uid, size in (("pair", 2), ("quad", 4)):
                 got = (await kubelet.admit_pod(pod(uid, "nvidia.com/gpu", size))).devices("main", "nvidia.com/gpu")
-                best = max(_score(inventory, c) for c in itertools.combinations(sorted(everything - held), size))
-                assert _score(inventory, got) == best, (uid, got)
-                held |= set(got)
+                answers.append((sorted(index[g] for g in got), _score(inventory, got)))
+    # The quad comes from GPUs 1, 2, 4..7: 4-7 is the only full group of the best partition.
+    assert answers == [([0, 3], 230), ([4, 5, 6, 7], 1120)]
 
 
 async def test_simulated_xid_reaches_the_kubelet_through_the_nvml_adapter() -> None:
@@ -272,12 +275,12 @@ async def test_simulated_xid_reaches_the_kubelet_through_the_nvml_adapter() -> N
                 await agent.wait_changed(agent.version)
                 await kubelet.wait_until(lambda: mig.uuid in {
                     d for r in kubelet.resources() for d, s in kubelet.devices(r).items() if not s.healthy
-                }, timeout=2, what="mig instance unhealthy")
+                }, timeout=30, what="mig instance unhealthy")
                 assert agent.snapshot().unhealthy == {mig.uuid}, "only the instance the event names"
                 lib.inject_xid(mig.parent_uuid, 79)  # type: ignore[attr-defined]
                 await kubelet.wait_until(lambda: siblings <= {
                     d for r in kubelet.resources() for d, s in kubelet.devices(r).items() if not s.healthy
-                }, timeout=2, what="every instance of the gpu unhealthy")
+                }, timeout=30, what="every instance of the gpu unhealthy")
 
 
 async def test_the_publisher_sees_allocations_health_and_config_changes() -> None:
@@ -326,7 +329,7 @@ async def test_stopping_ends_the_streams_and_removes_the_sockets() -> None:
         async with running_agent(kubelet, config(), plain_gpus(2)) as agent:
             socket = agent.server_sockets()["nvidia.com/gpu"]
             assert kubelet.healthy("nvidia.com/gpu")
-        await kubelet.wait_until(lambda: not kubelet.healthy("nvidia.com/gpu"), timeout=2, what="stream ended")
+        await kubelet.wait_until(lambda: not kubelet.healthy("nvidia.com/gpu"), timeout=30, what="stream ended")
         assert not socket.exists()
 
 
@@ -342,3 +345,22 @@ async def test_a_policy_only_reload_keeps_the_servers_and_takes_effect() -> None
         for uid in ("a", "b", "c"):
             used |= {physical_key(d) for d in (await kubelet.admit_pod(pod(uid, "nvidia.com/gpu"))).devices("main", "nvidia.com/gpu")}
         assert len(used) == 1, "packed is in effect"
+
+
+async def test_a_list_and_watch_stream_cut_by_the_kubelet_is_registered_again() -> None:
+    """The kubelet ends the stream without restarting (no socket deleted): it now counts every
+    device unhealthy and never redials. The agent registers again, once."""
+    cfg = config(time_slicing(2))
+    async with fake_kubelet() as kubelet, running_agent(kubelet, cfg, plain_gpus(2)) as agent:
+        (resource,) = (r.name for r in agent.resources)
+        before = len(kubelet.registrations)
+        await kubelet.cut_stream(resource)
+        assert kubelet.healthy(resource) == frozenset()
+        await kubelet.wait_until(lambda: len(kubelet.healthy(resource)) == 4, timeout=10.0,
+                                 what="the resource healthy again")  # fmt: skip
+        assert len(kubelet.registrations) == before + 1
+        await kubelet.admit_pod(pod("after-cut", resource))
+        # The kubelet replacing the old endpoint by the new one is no second loss: no more
+        # registrations (waited out over several grace periods).
+        await asyncio.sleep(4 * agent.settings.stream_grace_s)
+        assert len(kubelet.registrations) == before + 1

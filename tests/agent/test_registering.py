@@ -46,7 +46,7 @@ async def _watch_until_restart(change: str) -> str:
         else:
             kubelet.unlink()
             kubelet.write_text("")
-        return await asyncio.wait_for(restarted, 2)
+        return await asyncio.wait_for(restarted, 30)
     finally:
         watcher.cancel()
         await asyncio.wait([watcher])

@@ -4,7 +4,10 @@ over-budget heuristic, and optimality against brute force on generated score tab
 from __future__ import annotations
 
 import itertools
+import json
+import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -148,3 +151,51 @@ def test_exact_work_is_counted_exactly_before_the_search_runs(n: int) -> None:
             if n_req == 0:
                 with pytest.raises(topology._OverBudget):
                     topology._exact(scores, n, size, n_req, work - 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    table=score_tables(),
+    budget=st.sampled_from([0, topology.EXACT_WORK_BUDGET]),
+    data=st.data(),
+)
+def test_the_order_of_the_available_gpus_never_changes_the_answer(
+    table: tuple[dict[tuple[str, str], int], list[str], list[str], int],
+    budget: int,
+    data: st.DataObject,
+) -> None:
+    # The kubelet lists the available IDs from a Go set, in any order: only the GPU index may
+    # break ties. Small score levels make ties common, which is where order used to leak in.
+    scores, gpus, required, size = table
+    index_of = dict(zip(data.draw(st.permutations(gpus), label="index order"), range(len(gpus))))
+    shuffled = data.draw(st.permutations(gpus), label="kubelet order")
+    by_index = topology.best_effort(scores, gpus, required, size, index_of=index_of, work_budget=budget)
+    assert topology.best_effort(
+        scores, shuffled, required, size, index_of=index_of, work_budget=budget
+    ) == by_index
+
+
+@pytest.mark.parametrize("budget", [0, topology.EXACT_WORK_BUDGET], ids=["heuristic", "exact"])
+def test_ties_go_to_the_lowest_gpu_index_not_the_id_text(budget: int) -> None:
+    # Every pair scores the same: any two GPUs are a best answer, so the index alone decides.
+    gpus = ["GPU-d", "GPU-c", "GPU-b", "GPU-a"]
+    scores = {pair: 50 for pair in itertools.combinations(gpus, 2)}
+    index_of = {gpu: i for i, gpu in enumerate(gpus)}  # GPU-d is index 0
+    for available in (gpus, sorted(gpus)):
+        result = topology.best_effort(scores, available, [], 2, index_of=index_of, work_budget=budget)
+        assert result == ["GPU-d", "GPU-c"]
+    # Without indices, the ID text decides.
+    assert topology.best_effort(scores, gpus, [], 2, work_budget=budget) == ["GPU-a", "GPU-b"]
+
+
+def test_the_dgx1_volta_pair_is_the_documented_one_in_every_kubelet_order() -> None:
+    # docs/policies.md: GPUs 0 and 3 (230), the best partition's pick, not the best pair 2-3.
+    vectors = json.loads((Path(__file__).parent / "vectors" / "aligned_allocation_cases.json").read_text())
+    links = vectors["topologies"]["dgx1_volta"]["links"]
+    scores = {(str(link["gpus"][0]), str(link["gpus"][1])): link["score"] for link in links}
+    gpus = [str(i) for i in range(8)]
+    index_of = {gpu: int(gpu) for gpu in gpus}
+    rng = random.Random(16)
+    for _ in range(50):
+        rng.shuffle(gpus)
+        assert sorted(allocation.aligned_allocation(scores, gpus, [], 2, index_of=index_of)) == ["0", "3"]

@@ -273,7 +273,7 @@ async def test_pod_spec_is_immutable_on_update(api: client.ApiClient) -> None:
 # -- garbage collection, finalizers ------------------------------------------------------------
 
 
-async def _wait_gone(fn: Callable[[], Any], timeout: float = 2.0) -> None:
+async def _wait_gone(fn: Callable[[], Any], timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:

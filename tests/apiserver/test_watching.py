@@ -11,6 +11,7 @@ import pytest
 import urllib3
 from kubernetes import client, watch
 
+from sandbox import apiserver_resources as kinds
 from sandbox.apiserver import FakeApiServer
 
 
@@ -81,9 +82,12 @@ async def test_a_pause_ends_open_watches(api: client.ApiClient, server: FakeApiS
         return count
 
     watching = asyncio.create_task(asyncio.to_thread(watch_nodes))
-    await asyncio.sleep(0.2)  # let the watch connect; it ends only because of the pause
+    # Until the watch is registered with the store: it then ends only because of the pause.
+    async with asyncio.timeout(30):
+        while not server.store.watchers[kinds.NODES]:
+            await asyncio.sleep(0.01)
     await server.pause("unavailable")
-    assert await asyncio.wait_for(watching, 5) == 1
+    assert await asyncio.wait_for(watching, 30) == 1
     await server.resume()
 
 

@@ -44,6 +44,9 @@ def status_doc(gpus: list[Gpu], *, age_s: float = 0.0, pods: tuple[str, ...] = (
     ))  # fmt: skip
 
 
+MAX_AGE_S = 5.0  # the extender's --state-max-age-seconds here
+
+
 def publish(server: FakeApiServer, node: str, status: dict[str, Any]) -> None:
     store, rt = server.store, kinds.NODE_GPU_STATES
     if ("", node) not in store.objects[rt]:
@@ -195,11 +198,13 @@ def free_port() -> int:
 
 @pytest.fixture
 async def extender(server: FakeApiServer, kubeconfig: Path, tmp_short: Path) -> AsyncIterator[str]:
+    # The extender judges a state stale by its own clock, from when it saw the state change: a
+    # short max age lets a test make node-c stale by refreshing every other node after it.
     port = free_port()
     log = (tmp_short / "extender.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "extender", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig),
-        "--insecure-http",
+        "--insecure-http", f"--state-max-age-seconds={MAX_AGE_S}",
         "--node-policy", "packed", cwd=ROOT, stdout=log, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -238,8 +243,19 @@ def create_pod(server: FakeApiServer, name: str, replicas: int, node: str = "") 
     })  # fmt: skip
 
 
+def refresh_all_but_node_c(server: FakeApiServer) -> None:
+    """Every readable node but node-c writes its state again (a new observedAt), as a live
+    agent's heartbeat does; node-c's agent has gone quiet."""
+    for node in ("node-a", "node-b", "node-d"):
+        status = server.store.get(kinds.NODE_GPU_STATES, "", node)["status"]
+        publish(server, node, {**status, "observedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")})
+
+
 async def test_explain_a_pending_pod_lists_every_node_best_first(server: FakeApiServer, kubeconfig: Path, extender: str) -> None:
     create_pod(server, "trainer", 3)
+    await asyncio.sleep(MAX_AGE_S + 0.5)
+    refresh_all_but_node_c(server)
+    await asyncio.sleep(0.5)  # the extender's watch delivers the writes
     code, out, err = await sharepack("--kubeconfig", str(kubeconfig), "explain", "trainer", "--extender-url", extender, "-o", "json")
     assert (code, err) == (0, "")
     answer = json.loads(out)

@@ -23,6 +23,7 @@ import yaml
 
 from common import config as agent_config
 from common import policies
+from extender.bindguard import UnscoredBinds
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -215,6 +216,55 @@ def test_named_configs_become_configmap_keys_the_agent_loads(helm: Path) -> None
     assert deployment["spec"]["template"]["spec"]["tolerations"][0]["key"] == "node-role.kubernetes.io/control-plane"
 
 
+def test_second_scheduler_pods_may_be_bound_by_the_extender(helm: Path) -> None:
+    """The extender's /bind refuses pods of a schedulerName it does not serve, so the chart names
+    the second scheduler next to the control plane's."""
+    docs = _by_key(_render(helm, "second-scheduler-values.yaml"))
+    (container,) = docs[("Deployment", "sharepack-system", "sharepack-extender")]["spec"]["template"]["spec"]["containers"]
+    names = [a for a in container["args"] if a.startswith("--scheduler-name=")]
+    assert names == ["--scheduler-name=default-scheduler", "--scheduler-name=sharepack-scheduler"]
+    default = _by_key(_render(helm))[("Deployment", "sharepack-system", "sharepack-extender")]
+    assert not [a for a in default["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--scheduler-name")]
+
+
+def test_tls_secret_ports_and_scheduler_sources_come_from_values(helm: Path) -> None:
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"component": "sharepack-scheduler"}}}  # fmt: skip
+    sets = (
+        "extender.tls.secretName=extender-certs", "extender.port=8443", "extender.metricsPort=9500",
+        "agent.metricsPort=9600", "extender.unscoredBinds=refuse", "extender.schedulerCIDRs={10.1.0.0/16,fd00::/64}",
+        "extender.schedulerPeers[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=kube-system",
+        "extender.schedulerPeers[0].podSelector.matchLabels.component=sharepack-scheduler",
+        "scheduler.enabled=true", "scheduler.tls.serverName=sharepack-extender.sharepack-system.svc",
+    )  # fmt: skip
+    rendered = _render(helm, sets=sets)
+    _validate(rendered, "chart with custom TLS, ports and scheduler sources")
+    docs = _by_key(rendered)
+    pod = docs[("Deployment", "sharepack-system", "sharepack-extender")]["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "tls", "secret": {"secretName": "extender-certs", "defaultMode": 0o440}}]
+    (extender,) = pod["containers"]
+    assert {"--listen=0.0.0.0:8443", "--metrics-listen=0.0.0.0:9500", "--unscored-binds=refuse"} <= set(extender["args"])
+    assert extender["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"},
+                                 {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]  # fmt: skip
+    service = docs[("Service", "sharepack-system", "sharepack-extender")]["spec"]["ports"]
+    assert [(p["name"], p["port"]) for p in service] == [("https", 8443), ("metrics", 9500)]
+    (agent,) = docs[("DaemonSet", "sharepack-system", "sharepack-agent")]["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-listen=0.0.0.0:9600" in agent["args"]
+    assert agent["ports"] == [{"name": "metrics", "containerPort": 9600, "protocol": "TCP"}]
+    agent_policy = docs[("NetworkPolicy", "sharepack-system", "sharepack-agent")]["spec"]["ingress"]
+    assert agent_policy == [{"ports": [{"port": 9600, "protocol": "TCP"}]}]
+    extender_policy = docs[("NetworkPolicy", "sharepack-system", "sharepack-extender")]["spec"]["ingress"]
+    assert extender_policy == [
+        {"ports": [{"port": 9500, "protocol": "TCP"}]},
+        {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}, {"ipBlock": {"cidr": "fd00::/64"}}, peer],
+         "ports": [{"port": 8443, "protocol": "TCP"}]},
+    ]  # fmt: skip
+    stanza = yaml.safe_load(docs[("ConfigMap", "sharepack-system", "sharepack-scheduler-config")]["data"]["config.yaml"])
+    (ext,) = stanza["extenders"]
+    assert ext["urlPrefix"] == "https://sharepack-extender.sharepack-system.svc:8443"
+    assert ext["tlsConfig"]["serverName"] == "sharepack-extender.sharepack-system.svc"
+
+
 def test_extender_off_installs_no_extender_objects(helm: Path) -> None:
     docs = _by_key(_render(helm, sets=("extender.enabled=false",)))
     assert not [k for k in docs if "sharepack-extender" in k[2]]
@@ -246,6 +296,10 @@ def test_custom_namespace_reaches_every_object_and_the_admission_rule(helm: Path
         (("agent.bogus=1",), "at '/agent': additional properties 'bogus' not allowed"),
         (("scheduler.enabled=true", "extender.enabled=false"), "scheduler.enabled: the scheduler configuration names the extender"),
         (("config.named.default.version=v1",), "config.named.default: the name `default`"),
+        (("extender.unscoredBinds=allow",), "at '/extender/unscoredBinds': value must be one of"),
+        (("extender.schedulerCIDRs={10.0.0.1}",), "at '/extender/schedulerCIDRs/0': '10.0.0.1' does not match pattern"),
+        (("extender.tls.secretName=Extender_TLS",), "at '/extender/tls/secretName': 'Extender_TLS' does not match pattern"),
+        (("scheduler.tls.caFile=ca.crt",), "at '/scheduler/tls/caFile': 'ca.crt' does not match pattern"),
     ],
     ids=lambda v: str(v),
 )
@@ -263,6 +317,7 @@ def test_values_schema_enums_are_the_code_enums() -> None:
     assert set(schema["config"]["properties"]["allocationPolicy"]["enum"]) == {str(p) for p in policies.Policy}
     assert set(schema["config"]["properties"]["migStrategy"]["enum"]) == {str(p) for p in policies.MigStrategy}
     assert set(schema["extender"]["properties"]["nodePolicy"]["enum"]) == {str(p) for p in policies.NodePolicy}
+    assert set(schema["extender"]["properties"]["unscoredBinds"]["enum"]) == {str(u) for u in UnscoredBinds}
 
 
 @pytest.mark.skipif(not CHECKOV.exists(), reason="checkov's own environment is not installed (scripts/test makes it)")

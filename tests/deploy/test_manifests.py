@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from agent import monitoring, nvml, nvmlsim
+from agent import options as agent_options
 from agent.metrics import AgentMetrics
 from common import addresses
 from common import config as agent_config
@@ -102,10 +103,21 @@ def test_manifest_flags_exist_in_the_cli(flag_source: str) -> None:
     kind, name = ("DaemonSet", "sharepack-agent") if flag_source == "agent" else ("Deployment", "sharepack-extender")
     container = _container(kind, name)
     assert container["command"] == [f"sharepack-{flag_source}"]
-    usage = _help(flag_source)
+    flags = _flags(_help(flag_source))
     for arg in container["args"]:
         flag = arg.split("=", 1)[0]
-        assert re.search(rf"{re.escape(flag)}\b", usage), f"{kind} {name} passes {flag}, which the CLI lacks"
+        assert flag in flags, f"{kind} {name} passes {flag}, which the CLI lacks"
+
+
+def _flags(usage: str) -> set[str]:
+    """Every whole `--flag` token of a `--help` text (a prefix of a longer flag is not one)."""
+    return set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", usage))
+
+
+def test_a_flag_is_matched_as_a_whole_token_not_as_a_prefix() -> None:
+    flags = _flags(_help("agent"))
+    assert {"--node-name", "--state-heartbeat-seconds"} <= flags
+    assert not {"--node", "--state", "--state-heartbeat"} & flags
 
 
 def test_every_agent_config_in_a_configmap_is_valid() -> None:
@@ -156,7 +168,7 @@ def test_agent_probes_use_its_http_endpoint_and_node_name_comes_from_the_pod() -
     assert {p["path"] for p in probes.values()} <= served
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert "NODE_NAME" in _help("agent")
+    assert agent_options.parse([], {"NODE_NAME": "node-7"}).node_name == "node-7"
 
 
 def test_extender_port_probes_service_and_scheduler_config_agree() -> None:
@@ -234,10 +246,12 @@ CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 @pytest.mark.skipif(not CHECKOV.exists(), reason="checkov's own environment is not installed (scripts/test makes it)")
 def test_checkov_finds_nothing_unjustified() -> None:
     result = subprocess.run(
-        [str(CHECKOV), "-d", str(DEPLOY), "--framework", "kubernetes", "--compact", "--quiet", "--skip-download",
+        [str(CHECKOV), "-d", ".", "--framework", "kubernetes", "--compact", "--quiet", "--skip-download",
          "--skip-path", str(HELM.relative_to(DEPLOY))],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, cwd=DEPLOY,
     )  # fmt: skip
+    # Relative paths: --skip-path is a regex on each file's path, and an absolute one matches it
+    # wherever the checkout's own path contains "helm" (then checkov scans nothing and says so in no line).
     summary = re.search(r"Passed checks: (\d+), Failed checks: (\d+), Skipped checks: (\d+)", result.stdout)
     assert summary, result.stdout + result.stderr
     assert int(summary.group(2)) == 0, result.stdout

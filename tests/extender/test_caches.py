@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from common import state as published
 from common.policies import MigStrategy, Policy, Sharing
 from common.state import GpuState, NodeState, ResourceState
@@ -190,3 +192,86 @@ def test_known_resources_follow_what_nodes_publish() -> None:
     assert view.known_resources == {"nvidia.com/mig-1g.5gb"}
     view.delete_state(mig)
     assert view.known_resources == frozenset()
+
+
+# --- churn: a gone pod's devices are free at once -------------------------------------------------
+
+
+def test_a_deleted_pod_frees_its_published_devices_before_its_agent_republishes() -> None:
+    view = make()
+    view.upsert_pod(pod_obj("p1", "node-a", 2))
+    view.upsert_state(state_obj("node-a", [(4, 3, ("old", "p1")), (4, 0, ())], rv="2"))  # settles, matches
+    assert allocated(view, "node-a") == [3, 0]
+    view.delete_pod(pod_obj("p1", "node-a", 2))
+    assert allocated(view, "node-a") == [1, 0]
+    assert view.scorers["node-a"].state.resources[0].gpus[0].pods == ("old",)
+    # The agent's next write no longer lists it: the release is done, nothing is freed twice.
+    view.upsert_state(state_obj("node-a", [(4, 1, ("old",)), (4, 0, ())], rv="3"))
+    assert allocated(view, "node-a") == [1, 0] and view._released == {}
+
+
+def test_a_finished_pod_frees_its_devices_too() -> None:
+    view = make()
+    view.upsert_state(state_obj("node-a", [(4, 1, ("old",)), (4, 4, ("p1",))], rv="2"))
+    view.upsert_pod(pod_obj("p1", "node-a", 4))  # counted by its agent before we saw it
+    view.upsert_pod(pod_obj("p1", "node-a", 4, phase="Succeeded"))
+    assert allocated(view, "node-a") == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "n", "after"),
+    [
+        pytest.param([(4, 3, ("old", "p1")), (4, 2, ("p1",))], 4, [1, 0], id="one shared GPU: the rest of its total is there"),
+        pytest.param([(4, 3, ("old", "p1")), (4, 2, ("x", "p1"))], 2, [3, 2], id="two shared GPUs: unknown split, kept"),
+    ],
+)
+def test_a_pod_never_predicted_is_released_as_far_as_the_published_counts_tell(
+    gpus: list[tuple[int, int, tuple[str, ...]]], n: int, after: list[int]
+) -> None:
+    view = make()
+    view.upsert_state(state_obj("node-a", gpus, rv="2"))
+    view.upsert_pod(pod_obj("p1", "node-a", n))
+    view.delete_pod(pod_obj("p1", "node-a", n))
+    assert allocated(view, "node-a") == after
+
+
+def test_a_release_the_agent_never_catches_up_with_ends_after_the_ttl() -> None:
+    clock = Clock()
+    view = make(clock)
+    view.upsert_state(state_obj("node-a", [(4, 2, ("old", "p1")), (4, 0, ())], rv="2"))
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    view.delete_pod(pod_obj("p1", "node-a"))
+    assert allocated(view, "node-a") == [1, 0]
+    clock.now += 61
+    view.expire()
+    assert allocated(view, "node-a") == [2, 0]
+
+
+def test_a_pod_missing_from_a_relist_is_released() -> None:
+    view = make()
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    view.upsert_state(state_obj("node-a", [(4, 2, ("old", "p1")), (4, 0, ())], rv="2"))
+    view.replace_pods([])
+    assert allocated(view, "node-a") == [1, 0]
+
+
+# --- directed GPUs --------------------------------------------------------------------------------
+
+
+def test_a_pod_bound_by_another_replica_counts_where_its_directions_say() -> None:
+    """Two extender replicas: the other one bound the pod and wrote its GPUs; the agent follows
+    them, so this replica counts the pod there, not where it would have predicted it."""
+    from common import directions
+
+    view = make()
+    obj = pod_obj("p1", "node-a")
+    d = directions.Directions("node-a", (directions.ContainerDirections("c", {SHARED: ("GPU-1",)}),))
+    obj["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(d)}
+    view.upsert_pod(obj)
+    assert view.assumed["p1"].placement == {SHARED: ("GPU-1",)}  # packed would predict GPU-0
+    assert allocated(view, "node-a") == [1, 1]
+    # Directions for another node (a stale annotation) are ignored.
+    other = pod_obj("p2", "node-a")
+    other["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(directions.Directions("node-b", d.containers))}
+    view.upsert_pod(other)
+    assert view.assumed["p2"].placement == {SHARED: ("GPU-0",)}

@@ -37,14 +37,19 @@ NODES = ["node-empty", "node-half", "node-full", "node-stale", "node-unreadable"
 
 @pytest.fixture
 def view() -> ClusterView:
-    v = ClusterView(Policy.PACKED, max_age_s=180.0, wall_clock=lambda: NOW)
-    v.replace_states([
+    # Staleness is judged by this extender's clock from when it saw a state change: node-stale's
+    # state is seen an hour before the others and never changes after.
+    now = [NOW - 3600]
+    v = ClusterView(Policy.PACKED, max_age_s=180.0, wall_clock=lambda: now[0])
+    v.replace_states([state_obj("node-stale", [(4, 4), (4, 4)], age_s=3600)])
+    now[0] = NOW
+    for obj in (
         state_obj("node-empty", [(4, 0), (4, 0)]),
         state_obj("node-half", [(4, 2), (4, 0)]),
         state_obj("node-full", [(4, 4), (4, 4)]),
-        state_obj("node-stale", [(4, 4), (4, 4)], age_s=3600),
         state_obj("node-unreadable", [(4, 0)], schema=99),
-    ])  # fmt: skip
+    ):
+        v.upsert_state(obj)
     return v
 
 

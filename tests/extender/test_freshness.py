@@ -1,13 +1,15 @@
 """A node whose agent stopped writing is unknown, not scored on old counts.
 
 Agents rewrite their state every heartbeat even when nothing changed; a state whose `observedAt`
-is older than `max_age_s` is stale: filter passes the node, prioritize gives it 0, a log line
-says so once, and `sharepack_extender_stale_nodes` counts it.
+has not changed for `max_age_s` by the extender's own clock is stale (the node's clock may be
+off: its `observedAt` is compared only with its previous value): filter passes the node,
+prioritize gives it 0, a log line says so once, and `sharepack_extender_stale_nodes` counts it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import tempfile
 from collections.abc import AsyncIterator
@@ -160,6 +162,25 @@ def test_an_agent_clock_ahead_of_ours_buys_no_extra_life() -> None:
     assert view.scorers["node-a"].fresh_until == T0 + MAX_AGE
 
 
+@pytest.mark.parametrize("skew", [-600.0, 600.0], ids=["node clock 10 min behind", "node clock 10 min ahead"])
+def test_a_skewed_node_clock_is_fresh_while_its_agent_beats_and_stale_once_it_stops(skew: float) -> None:
+    clock = WallClock()
+    view = ClusterView(Policy.PACKED, max_age_s=MAX_AGE, wall_clock=clock)
+    for beat in range(6):  # heartbeats every 60 s, stamped by the node's own clock
+        clock.now = T0 + 60 * beat
+        view.upsert_state(state_obj("node-a", clock.now + skew, USED, rv=str(beat + 1)))
+        assert view.fresh_scorer("node-a") is not None, f"stale after heartbeat {beat}"
+        clock.now += 59
+        assert view.fresh_scorer("node-a") is not None
+    last = T0 + 60 * 5
+    clock.now = last + MAX_AGE - 1
+    assert view.fresh_scorer("node-a") is not None
+    # A resync repeating the last write (same observedAt, new resourceVersion) is no heartbeat.
+    view.upsert_state(state_obj("node-a", last + skew, USED, rv="99"))
+    clock.now = last + MAX_AGE + 1
+    assert view.fresh_scorer("node-a") is None and view.count_stale() == 1
+
+
 def test_a_state_without_a_readable_observed_at_is_stale() -> None:
     clock = WallClock()
     view = ClusterView(Policy.PACKED, max_age_s=MAX_AGE, wall_clock=clock)
@@ -187,21 +208,28 @@ def test_going_stale_and_fresh_again_is_logged_once_each(caplog: pytest.LogCaptu
     fresh = [r.getMessage() for r in caplog.records if "fresh again" in r.getMessage()]
     assert len(fresh) == 1 and "node-full" in fresh[0]
     assert view.stale == {"node-used"}
-    # Stale again after its last heartbeat: the log names that heartbeat's time, not the first.
-    last = clock.now + 60
+    # Stale again after its last heartbeat: the log names that heartbeat's time, not the first,
+    # and its age by our clock (it arrived at `heard`, stamped 60 s ahead).
+    heard, last = clock.now, clock.now + 60
     clock.now = last + MAX_AGE + 1
     caplog.clear()
     assert view.sweep_stale() == 2
     (again,) = [r.getMessage() for r in caplog.records if "is stale" in r.getMessage()]
-    assert f"observed at {rfc3339(last)} ({MAX_AGE + 1:.0f} s ago)" in again
+    assert f"observed at {rfc3339(last)} (unchanged for {clock.now - heard:.0f} s by our clock)" in again
 
 
-def test_a_state_that_arrives_already_stale_is_logged_at_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_state_first_seen_counts_fresh_for_one_max_age(caplog: pytest.LogCaptureFixture) -> None:
+    """At our start an hour-old observedAt may be a dead agent or a slow clock: we wait one max
+    age for it to change before calling the node unknown."""
     clock = WallClock(T0 + 3600)
     view = ClusterView(Policy.PACKED, max_age_s=MAX_AGE, wall_clock=clock)
     view.replace_states([state_obj("node-dead", T0, USED)])  # e.g. at extender start
+    assert view.fresh_scorer("node-dead") is not None
+    clock.now += MAX_AGE + 1
+    assert view.sweep_stale() == 1
     assert [r.getMessage() for r in caplog.records if "is stale" in r.getMessage()][0].startswith(
-        "NodeGpuState of node node-dead is stale: observed at 2026-11-30T03:00:00Z (3600 s ago)"
+        "NodeGpuState of node node-dead is stale: observed at 2026-11-30T03:00:00Z "
+        f"(unchanged for {MAX_AGE + 1:.0f} s by our clock)"
     )
     view.delete_state(state_obj("node-dead", T0, USED))
     assert view.stale == set() and view.count_stale() == 0
@@ -251,23 +279,41 @@ async def server() -> AsyncIterator[FakeApiServer]:
 
 
 async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again(server: FakeApiServer) -> None:
+    """Two nodes whose clocks are 10 minutes off (one behind, one ahead); only one agent keeps
+    beating. The silent one goes stale after the max age; the beating one never does."""
+    max_age = 2.0
     now = datetime.now(UTC).timestamp()
-    publish(server, "node-dead", rfc3339(now - 3600), FULL)  # its agent stopped an hour ago
-    publish(server, "node-live", rfc3339(now), FULL)
+    publish(server, "node-dead", rfc3339(now - 600), FULL)
+    publish(server, "node-live", rfc3339(now + 600), FULL)
     with tempfile.TemporaryDirectory(dir="/tmp") as d:
         kubeconfig = server.write_kubeconfig(Path(d) / "kubeconfig")
         api = config.new_client_from_config(config_file=str(kubeconfig))
-        svc = Service(Options(listen="127.0.0.1:0", kubeconfig=str(kubeconfig)), api=api)
+        opts = Options(listen="127.0.0.1:0", kubeconfig=str(kubeconfig), state_max_age_s=max_age)
+        svc = Service(opts, api=api)
         await svc.start()
+        beats = 0
+        beating_nodes = {"node-live": 600.0}  # node -> its clock's offset from ours
+
+        async def beat_live() -> None:
+            nonlocal beats
+            while True:
+                await asyncio.sleep(max_age / 10)
+                beats += 1
+                for node, skew in list(beating_nodes.items()):
+                    publish(server, node, rfc3339(now + skew + beats), FULL)
+
+        beating = asyncio.create_task(beat_live())
         try:
             changed = asyncio.Event()
             svc.view.on_change = changed.set
 
             async def until(cond: Any) -> None:
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(10):
                     while not cond():
                         changed.clear()
-                        await changed.wait()
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(0.05):
+                                await changed.wait()
 
             await until(lambda: {"node-dead", "node-live"} <= set(svc.view.scorers))
             async with aiohttp.ClientSession() as http:
@@ -278,15 +324,21 @@ async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again
                     async with http.post(f"{base}/filter", data=body) as resp:
                         return orjson.loads(await resp.read())
 
+                await until(lambda: svc.view.fresh_scorer("node-dead") is None)
+                assert svc.view.fresh_scorer("node-live") is not None
                 reply = await filter_reply()
                 assert reply["NodeNames"] == ["node-dead"] and list(reply["FailedNodes"]) == ["node-live"]
                 async with http.get(f"{base}/metrics") as resp:
                     assert parse_text(await resp.text())["sharepack_extender_stale_nodes"] == 1
-                # The agent comes back and writes a fresh state: the node is judged again.
-                publish(server, "node-dead", rfc3339(datetime.now(UTC).timestamp()), FULL)
-                await until(lambda: "node-dead" not in svc.view.stale)
+                # The agent comes back and beats (still with its slow clock): judged again.
+                beating_nodes["node-dead"] = -590.0
+                await until(lambda: svc.view.fresh_scorer("node-dead") is not None)
                 reply = await filter_reply()
                 assert reply["NodeNames"] == [] and set(reply["FailedNodes"]) == {"node-dead", "node-live"}
+                assert beats >= 3 and svc.view.fresh_scorer("node-live") is not None
         finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
             await svc.stop()
             api.close()

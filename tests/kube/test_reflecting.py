@@ -42,7 +42,7 @@ class Follow:
     def names(self) -> set[str]:
         return {name for _, name in self.reflector.cache}
 
-    async def until(self, predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+    async def until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         async with asyncio.timeout(timeout):
             while not predicate():
                 self.changed.clear()
@@ -64,7 +64,7 @@ async def setup() -> AsyncIterator[tuple[FakeApiServer, kclient.ApiClient]]:
 
 async def _running(follow: Follow) -> asyncio.Task[None]:
     task = asyncio.create_task(follow.reflector.run(), name="reflector-under-test")
-    await asyncio.wait_for(follow.reflector.synced.wait(), 3)
+    await asyncio.wait_for(follow.reflector.synced.wait(), 30)
     return task
 
 
@@ -112,14 +112,17 @@ async def test_an_outage_is_survived_and_what_changed_meanwhile_is_seen(
     follow = Follow(api, backoff_initial_s=0.05, backoff_max_s=0.1)
     task = await _running(follow)
     try:
+        lists, errors = follow.reflector.lists, follow.reflector.errors
         await server.pause("refuse")
         _pod(server, "during")
-        await asyncio.sleep(0.2)  # the outage lasts; the reflector keeps retrying
-        assert follow.names() == set()
+        # The outage outlasts a retry: two failed attempts to list again (a condition, not a sleep).
+        async with asyncio.timeout(30):
+            while follow.reflector.errors < errors + 2:
+                await asyncio.sleep(0.01)
+        assert follow.names() == set() and follow.reflector.lists == lists
         await server.resume()
         await follow.until(lambda: follow.names() == {"during"})
-        assert follow.reflector.lists >= 2
-        assert follow.reflector.errors >= 1
+        assert follow.reflector.lists == lists + 1  # one list brought the change made meanwhile
     finally:
         await _stop(task)
 
@@ -144,11 +147,11 @@ def _all_pods(api: kclient.ApiClient, **kwargs: Any) -> Reflector:
 
 async def _started(reflector: Reflector) -> asyncio.Task[None]:
     task = asyncio.create_task(reflector.run(), name="reflector-under-test")
-    await asyncio.wait_for(reflector.synced.wait(), 3)
+    await asyncio.wait_for(reflector.synced.wait(), 30)
     return task
 
 
-async def _until(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
+async def _until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.01)
@@ -168,8 +171,10 @@ async def test_on_list_gets_the_whole_cache_and_on_event_each_change(
     try:
         _pod(server, "watched")
         server.store.delete(kinds.PODS, "default", "listed")
-        await _until(lambda: len(seen) >= 3)
-        assert seen == [("LIST", "listed"), ("ADDED", "watched"), ("DELETED", "listed")]
+        # A pod's deletion is written first (deletionTimestamp set), then removed, as the real
+        # API server does: a MODIFIED before the DELETED.
+        await _until(lambda: ("DELETED", "listed") in seen)
+        assert seen == [("LIST", "listed"), ("ADDED", "watched"), ("MODIFIED", "listed"), ("DELETED", "listed")]
     finally:
         await _stop(task)
 

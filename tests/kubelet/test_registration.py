@@ -113,7 +113,7 @@ async def test_register_returns_only_after_the_options_were_served(kubelet: Fake
     assert not kubelet.connected(RESOURCE)
 
     plugin.options_gate.set()
-    await asyncio.wait_for(registering, 5)
+    await asyncio.wait_for(registering, 30)
     assert plugin.options_served.is_set()
     assert kubelet.connected(RESOURCE)
 

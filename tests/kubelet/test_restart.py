@@ -60,7 +60,7 @@ async def test_restart_cuts_streams_keeps_allocations_and_waits_for_re_registrat
     await registered.stop()
     await registered.start()
     await registered.register(kubelet.socket_path)
-    await kubelet.wait_for_resource(RESOURCE, timeout=2)
+    await kubelet.wait_for_resource(RESOURCE, timeout=30)
 
     assert kubelet.capacity() == {RESOURCE: 4}
     assert kubelet.allocated(RESOURCE) == set(first.devices("main", RESOURCE))

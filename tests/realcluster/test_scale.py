@@ -13,7 +13,7 @@ import pytest
 
 from common.policies import Policy
 from sandbox.scalecluster import NAMESPACE, ScaleCluster, gpu_pod
-from sandbox.fleet import synthetic_shapes
+from sandbox.fleet import synthetic_shapes, wait_for
 from tests.conftest import real_binaries
 from tests.scale import expected
 
@@ -39,6 +39,8 @@ async def test_published_states_match_the_allocation_of_the_pods_kube_scheduler_
             await cluster.create_pods([pod])
             (outcome,) = await cluster.tracker.wait([pod["metadata"]["name"]], 60)
             assert outcome.node, outcome.unschedulable
+        # The fleet's own pod watch may see the last bind after the tracker's did.
+        await wait_for(lambda: sum(len(n.pods) for n in cluster.fleet.nodes.values()) == 30, "the fleet admitting every pod", 60)
         await cluster.fleet.settled()
 
         listed = await cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods")

@@ -298,6 +298,7 @@ class StreamResult:
     seconds: float  # start of the sandbox to the end of the stream
     startup_s: float  # start of the sandbox until every node's state is cached by the extender
     missed: tuple[str, ...]  # the extender's "prediction missed" log lines
+    directed: tuple[int, tuple[str, ...]]  # agents' honoured directed allocations, fallback lines
     while_up: Residue  # what the sandbox had running (proves the detectors see something)
     after: Residue  # what it left once stopped: nothing, or a bug
     control_plane: str = demo.IN_PROCESS
@@ -349,11 +350,24 @@ async def run_stream(
         log = (root / "extender.log").read_text(errors="replace")
         missed = tuple(line for line in log.splitlines() if "prediction missed" in line)
         return StreamResult(
-            policy, tuple(outcomes), after_shared, final, counts, seconds, startup_s, missed, while_up, after,
-            control_plane, scheduled_by,
+            policy, tuple(outcomes), after_shared, final, counts, seconds, startup_s, missed,
+            directed_allocations(root), while_up, after, control_plane, scheduled_by,
         )  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def directed_allocations(root: Path) -> tuple[int, tuple[str, ...]]:
+    """From the agents' logs (agent.directing): how many directed allocations were honoured,
+    and the lines explaining each fallback."""
+    honoured, fallbacks = 0, []
+    for log in sorted(root.glob("agent-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "directed allocation honoured" in line:
+                honoured += 1
+            elif "directed allocation not used" in line:
+                fallbacks.append(line)
+    return honoured, tuple(fallbacks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,6 +121,14 @@ def test_the_extender_counts_every_prediction_as_a_match(stream: StreamResult) -
     assert stream.missed == ()
 
 
+def test_every_pod_gets_the_gpus_the_extender_directed(stream: StreamResult) -> None:
+    """The extender annotates each pod with the GPUs it counted it on; each node's agent
+    allocates on exactly those (its log says so once per pod and never falls back)."""
+    honoured, fallbacks = stream.directed
+    assert fallbacks == ()
+    assert honoured == len(stream.outcomes)
+
+
 def test_the_sandbox_leaves_no_process_socket_or_task_behind(stream: StreamResult) -> None:
     up, after = stream.while_up, stream.after
     # While up: one agent per node and the extender (and on the real control plane etcd,

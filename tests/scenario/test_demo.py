@@ -69,6 +69,37 @@ def test_the_demo_places_every_full_gpu_pod_under_packed_and_none_under_distribu
     assert [p for p in sandbox_dirs if p.exists()] == []
 
 
+DGX_WORKLOAD = "replicas: 4\nwaves:\n- {name: shared, count: 6, replicas: 1}\n- {name: full-gpu, count: 2, replicas: 4}\n"
+BAR = re.compile(r"GPU(\d+) [\u2588\u2591]+ (\d+)/(\d+)")
+
+
+@pytest.mark.parametrize("machine", ["dgx-a100", "dgx-h100"])
+def test_the_demo_runs_two_nodes_of_the_advertised_dgx_machines(
+    machine: str, sandbox_dirs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The README advertises these machines; a small workload keeps the run short (8-GPU nodes
+    # would otherwise get 16 shared and 8 full-GPU pods per policy).
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(DGX_WORKLOAD)
+    before = children(os.getpid())
+    rc = demo.main(["--nodes", "2", "--machine", machine, "--policy", "packed", "--workload", str(workload)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert f"2 nodes ({machine}, 8 GPUs x 4 replicas)" in out, out
+    # The picture after the shared wave: both nodes, eight GPUs each, the six replicas on them.
+    rows = [line for line in out.splitlines() if line.lstrip().startswith(("node-0 ", "node-1 "))]
+    assert [row.split()[0] for row in rows] == ["node-0", "node-1"], out
+    bars = [[(int(g), int(used), int(total)) for g, used, total in BAR.findall(row)] for row in rows]
+    assert [[g for g, _, _ in row] for row in bars] == [list(range(8))] * 2, out
+    assert all(total == 4 for row in bars for _, _, total in row), out
+    assert sum(used for row in bars for _, used, _ in row) == 6, out
+    assert out.count(": a whole GPU") == 2 and PLACED.findall(out) == [("packed", "2", "2")], out
+    assert children(os.getpid()) <= before
+    assert processes_mentioning(sandbox_dirs) == []
+    assert unix_sockets_under(sandbox_dirs) == []
+    assert [p for p in sandbox_dirs if p.exists()] == []
+
+
 BAD_WORKLOADS = {
     "missing-file": (None, "No such file"),
     "not-yaml": ("replicas: [1,\n", "invalid workload file"),
@@ -102,15 +133,14 @@ def test_an_unknown_machine_fails_fast_naming_it_and_leaves_nothing_behind(
     sandbox_dirs: list[Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = children(os.getpid())
-    started = time.monotonic()
     rc = demo.main(["--nodes", "2", "--policy", "packed", "--machine", "no-such-machine"])
     _, err = capsys.readouterr()
     assert rc == 1, err
     assert err.startswith("sharepack-demo: node node-"), err
     assert "the agent exited with code 1" in err and "invalid simulated machine no-such-machine" in err, err
     assert "Traceback" not in err
-    # The agent exits at once: the demo must not wait out the agent start timeout.
-    assert time.monotonic() - started < 20
+    # "exited with code 1" is reported only when the exit beats the agent start timeout
+    # (sandbox.nodes), so the demo did not wait that out; no stopwatch needed.
     assert children(os.getpid()) <= before
     assert processes_mentioning(sandbox_dirs) == []
     assert unix_sockets_under(sandbox_dirs) == []

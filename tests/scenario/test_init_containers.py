@@ -102,6 +102,8 @@ class Record:
     big_init: Placed
     published: Counter[str]  # replicas per GPU published once a later pod is published
     held: Counter[str]  # replicas per GPU the kubelet holds then
+    restarted: Counter[str]  # published after an agent restart and one more pod
+    held_restarted: Counter[str]  # the kubelet then
 
 
 async def scenario() -> Record:
@@ -119,8 +121,15 @@ async def scenario() -> Record:
             # lists them; a later pod's publication comes from a later PodResources read, so the
             # state then is what the agent believes for good.
             await place(box, pod("next", [1]))
-            state = (await node_states(box))[box.nodes[0].name]
-            return Record(agreeing, settled, big_init, published_allocated(state), kubelet_held(box.nodes[0]))
+            node = box.nodes[0]
+            state = (await node_states(box))[node.name]
+            published, held = published_allocated(state), kubelet_held(node)
+            # The agent restarts: the init container's surplus is known only from the Allocate
+            # log it keeps beside the sockets. A pod after the restart makes it publish.
+            await node.restart_agent()
+            await place(box, pod("after-restart", [1]))
+            restarted = published_allocated((await node_states(box))[node.name])
+            return Record(agreeing, settled, big_init, published, held, restarted, kubelet_held(node))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -151,3 +160,8 @@ def test_scoring_counts_a_finished_init_containers_replicas_like_the_kubelet(rec
 
 def test_replicas_held_only_by_a_finished_init_container_are_published(record: Record) -> None:
     assert record.published == record.held
+
+
+def test_a_restarted_agent_still_publishes_a_finished_init_containers_replicas(record: Record) -> None:
+    assert sum(record.held_restarted.values()) == sum(record.held.values()) + 1
+    assert record.restarted == record.held_restarted

@@ -186,10 +186,11 @@ def granted(account: str) -> dict[str, set[str]]:
     return out
 
 
-def test_the_extender_may_read_states_and_pods_and_create_bindings_nothing_else() -> None:
+def test_the_extender_may_read_states_and_pods_annotate_pods_and_create_bindings_nothing_else() -> None:
+    # patch: the directed-GPU annotation written at /bind (docs/security.md says what it allows).
     assert granted("sharepack-extender") == {
         "sharepack.io:nodegpustates": {"get", "list", "watch"},
-        "pods": {"get", "list", "watch"},
+        "pods": {"get", "list", "watch", "patch"},
         "pods/binding": {"create"},
     }
 

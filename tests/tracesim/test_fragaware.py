@@ -1,5 +1,7 @@
-"""`ours` runs common.fragmentation: the measure agrees with the simulator's numpy one, and the
-policy ranks FGD's integer score first, then the tightest GPU, never the other way round."""
+"""`ours` runs common.fragmentation: the measure agrees with the simulator's numpy one, the
+policy ranks FGD's integer score first, then the tightest GPU, never the other way round (checked
+step by step against a from-scratch ranking), and on the default trace it keeps the rank order
+the README reports against the baselines."""
 
 from __future__ import annotations
 
@@ -7,11 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from common import fragmentation as fr
-from tracesim import fragaware, policies, replaying, traces, workloads
+from tracesim import fragaware, policies, replaying, running, traces, workloads
+from tracesim.baselines import Choice
+from tracesim.clusters import Cluster, Request
 from tracesim.fragmentation import FragModel
+from tracesim.traces import MILLI
 from tracesim.workloads import Shape, TypicalWorkload
 
 # A typical workload with CPU-only, share, whole and multi-GPU shapes, and model constraints.
@@ -80,3 +86,99 @@ def test_ours_places_a_small_trace_and_is_deterministic(
     runs = [replaying.replay(pods, nodes, frag_model, spec, seed=42, order=order) for _ in range(2)]
     assert runs[0].used_milli.tolist() == runs[1].used_milli.tolist()
     assert runs[0].used_milli[-1] > 0
+
+
+def every_eighth_node() -> traces.NodeList:
+    """The default trace's node list, thinned: the arrival order scales the pods to it, so a run
+    goes through the same filling and fragmenting regime at an eighth of the cost."""
+    nodes = traces.load_nodes()
+    keep = np.arange(0, len(nodes), 8)
+    return traces.NodeList(
+        nodes.source, tuple(nodes.names[i] for i in keep), nodes.cpu[keep], nodes.memory[keep],
+        nodes.num_gpu[keep], tuple(nodes.model[i] for i in keep),
+    )  # fmt: skip
+
+
+class FromScratch:
+    """`ours` as its docstring states it, recomputed for every node and GPU at every pod: the
+    placement with the highest (FGD's truncated score, least share left on the GPU), compared
+    as a pair; ties to the scheduler's node order, then the lowest GPU index."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        m = cluster.model
+        self.measure = fr.Fragmentation(fragaware.common_workload(m))
+        self.shape_cpu = [int(c) for c in m.cpu]
+        self.access = [sum(1 << s for s, ok in enumerate(row) if ok) for row in m.access.tolist()]
+
+    def _admitted(self, node: int, cpu_left: int) -> int:
+        return self.access[node] & sum(1 << s for s, need in enumerate(self.shape_cpu) if cpu_left >= need)
+
+    def choice(self, cluster: Cluster, req: Request, idx: npt.NDArray[np.int64]) -> tuple[int, list[int]]:
+        best: tuple[tuple[int, int], int, int, list[int]] | None = None  # key, node rank, node, gpus
+        for node in idx.tolist():
+            free = cluster.gpu_left[node, : cluster.num_gpu[node]].tolist()
+            cpu = int(cluster.cpu_left[node])
+            before, after = self._admitted(node, cpu), self._admitted(node, cpu - req.cpu_score)
+            if req.shared:
+                options = [(g, left) for g, left in enumerate(free) if left >= req.milli]
+            else:
+                whole = [g for g, left in enumerate(free) if left == MILLI][: req.num_gpu]
+                options = [(-1, 0)] if len(whole) == req.num_gpu else []
+            for g, left in options:
+                taken = list(free)
+                if g >= 0:
+                    taken[g] -= req.milli
+                else:
+                    for w in whole:
+                        taken[w] = 0
+                score = fr.gradient_score(self.measure.gradient(free, taken, before, after))
+                key = (score, -(left - req.milli) if g >= 0 else 0)
+                candidate = (key, int(cluster.rank[node]), node, [g] if g >= 0 else whole)
+                if best is None or key > best[0] or (key == best[0] and candidate[1] < best[1]):
+                    best = candidate
+        assert best is not None
+        return best[2], best[3]
+
+
+def test_ours_takes_the_best_fgd_score_then_the_tightest_gpu_at_every_step() -> None:
+    # Any drift between the incremental per-kind ranks and a fresh ranking, or a leftover
+    # weight large enough to outvote one point of FGD's score, shows as a different choice.
+    experiment = running.Experiment.build(traces.load_pods(), every_eighth_node())
+    ours = fragaware.FragAwareScorer()
+    checked = {"share": 0, "whole": 0}
+    oracle: FromScratch | None = None
+
+    def checking(cluster: Cluster, req: Request, idx: npt.NDArray[np.int64], rng: np.random.Generator) -> Choice:
+        nonlocal oracle
+        oracle = oracle or FromScratch(cluster)
+        got = ours(cluster, req, idx, rng)
+        if req.num_gpu:
+            assert (got.node, list(got.gpus)) == oracle.choice(cluster, req, idx), req
+            checked["share" if req.shared else "whole"] += 1
+        return got
+
+    spec = policies.PolicySpec(fragaware.NAME, checking)
+    run = experiment.run(spec, running.FIRST_SEED)
+    assert run.binned.unallocated(100) < 10  # the run got far enough to fragment
+    assert checked["share"] > 300 and checked["whole"] > 300, checked
+
+
+def test_ours_keeps_its_rank_order_against_the_baselines_on_the_default_trace() -> None:
+    # The README's table (study scheduler model, full node list, ten seeds): ours 4.72 %
+    # unallocated at 100 % arrived, FGD 4.78, packed 8.26, Random 13.7, distributed 17.60. Here
+    # three seeds on an eighth of the nodes, every policy in the study model (packed and
+    # distributed default to the kube model now): the same order, and ours within noise of FGD
+    # (measured 5.41 vs 5.33; packed 7.86, distributed 17.4).
+    experiment = running.Experiment.build(traces.load_pods(), every_eighth_node())
+    seeds = range(running.FIRST_SEED, running.FIRST_SEED + 3)
+
+    def unallocated(name: str, seed: int) -> float:
+        spec = policies.resolve(name, scheduler=policies.SchedulerModel.STUDY)
+        return float(experiment.run(spec, seed).binned.unallocated(100))
+
+    mean = {
+        name: float(np.mean([unallocated(name, seed) for seed in seeds]))
+        for name in ("ours", "fgd", "packed", "random", "distributed")
+    }
+    assert mean["ours"] < mean["packed"] < mean["random"] < mean["distributed"], mean
+    assert abs(mean["ours"] - mean["fgd"]) < 0.5, mean
