@@ -265,16 +265,18 @@ def api_client(opts: Options) -> Any | None:
     """A kubernetes ApiClient, or None when there is no API to talk to."""
     from kubernetes import client, config
 
+    conf = client.Configuration()
     if opts.kubeconfig:
-        return config.new_client_from_config(config_file=opts.kubeconfig)  # type: ignore[no-untyped-call]
-    if opts.in_cluster:
+        config.load_kube_config(config_file=opts.kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
+    elif opts.in_cluster:
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
         except config.ConfigException as e:
             log.warning("no Kubernetes API (%s): every node is unknown and /bind is off", e)
             return None
-        return client.ApiClient()
-    return None
+    else:
+        return None
+    return client.ApiClient(conf)
 
 
 class Service:
@@ -317,7 +319,7 @@ class Service:
                     keep_cache=False,  # ClusterView keeps what it needs, decoded
                 ),  # fmt: skip
             ]
-            binder = ApiBinder(api)
+            binder = ApiBinder(self._watch_api)
             binder = directing.DirectingBinder(binder, self.view, api) if opts.directed_gpus else binder
         guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds)
         self.extender = Extender(

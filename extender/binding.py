@@ -1,12 +1,13 @@
 """Creating Bindings (and reading a pod /bind did not see) through the Kubernetes API.
 
-The kubernetes client blocks, so each call runs in a worker thread. Only /bind calls the API;
-/filter and /prioritize never do.
+Calls go through the asyncio client (`kubernetes.aio`), so a burst of binds waits on the API
+server side by side without a thread each. Only /bind calls the API; /filter and /prioritize
+never do.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -37,11 +38,25 @@ def _api_message(e: Exception) -> str:
 
 
 class ApiBinder:
-    def __init__(self, api_client: Any, *, timeout_s: float = 10.0) -> None:
-        from kubernetes import client  # imported here: only the composition root needs it
+    """Binds through the `kubernetes.aio` client the reflectors already hold: no thread per
+    call. (Through the blocking client in threads, the (de)serialising held the GIL and delayed
+    the event loop's next filter, which is on kube-scheduler's serial path.)"""
 
-        self._core = client.CoreV1Api(api_client)
+    def __init__(self, aio_api_client: Any, *, timeout_s: float = 10.0) -> None:
+        from kubernetes.aio import client  # imported here: only the composition root needs it
+
+        self._core = client.CoreV1Api(aio_api_client)
         self._timeout = timeout_s
+
+    async def _send(self, call: Callable[..., Awaitable[Any]], *args: Any) -> bytes:
+        response = await call(*args, _request_timeout=self._timeout)
+        try:
+            body: bytes = await response.read()
+        finally:
+            response.release()
+        if response.status >= 300:
+            raise _Answer(response.status, body)
+        return body
 
     async def bind(self, args: BindingArgs) -> None:
         body: Any = {
@@ -53,15 +68,10 @@ class ApiBinder:
         if args.pod_uid:
             body["metadata"]["uid"] = args.pod_uid
         try:
-            # _preload_content=False: the client cannot deserialise the Status a binding
-            # create answers with into a V1Binding.
-            await asyncio.to_thread(
-                self._core.create_namespaced_pod_binding,
-                args.pod_name,
-                args.pod_namespace,
-                body,
-                _preload_content=False,
-                _request_timeout=self._timeout,
+            # Without preloading: the client cannot deserialise the Status a binding create
+            # answers with into a V1Binding.
+            await self._send(
+                self._core.create_namespaced_pod_binding_without_preload_content, args.pod_name, args.pod_namespace, body
             )
         except Exception as e:
             raise BindError(
@@ -71,13 +81,16 @@ class ApiBinder:
 
     async def get_pod(self, namespace: str, name: str) -> Any:
         try:
-            resp: Any = await asyncio.to_thread(
-                self._core.read_namespaced_pod,
-                name,
-                namespace,
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
+            raw = await self._send(self._core.read_namespaced_pod_without_preload_content, name, namespace)
         except Exception as e:
             raise BindError(f"reading pod {namespace}/{name} failed: {_api_message(e)}") from e
-        return orjson.loads(resp.data)
+        return orjson.loads(raw)
+
+
+class _Answer(Exception):
+    """A non-2xx answer, shaped as the blocking client's ApiException for `_api_message`."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.body = body

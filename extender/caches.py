@@ -69,7 +69,7 @@ class WireScorer(NodeScorer):
     `fresh_until`: wall-clock time (POSIX seconds) after which the state is stale and the node
     counts as unknown; `math.inf` when the age check is off."""
 
-    __slots__ = ("name", "fresh_until", "_prefix", "_wire")
+    __slots__ = ("name", "fresh_until", "_prefix", "_wire", "verdicts")
 
     def __init__(
         self,
@@ -84,11 +84,20 @@ class WireScorer(NodeScorer):
         self.fresh_until = NEVER_STALE
         self._prefix = protocol.host_prefix(name)
         self._wire: dict[str, bytes] = {}
+        # request shape -> verdict, filled by `prescore` and the filter's first look: the
+        # filter loop then reads it inline (one dict lookup per node, no method calls).
+        self.verdicts: dict[str, NodeScore] = {}
 
     def host_priority(self, request: PodRequest) -> bytes:
         hit = self._wire.get(request.shape)
         if hit is None:
-            hit = self._wire[request.shape] = protocol.host_priority(self._prefix, self.verdict(request).score)
+            hit = self._wire[request.shape] = protocol.host_priority(self._prefix, self.filter_verdict(request).score)
+        return hit
+
+    def filter_verdict(self, request: PodRequest) -> NodeScore:
+        hit = self.verdicts.get(request.shape)
+        if hit is None:
+            hit = self.verdicts[request.shape] = self.verdict(request)
         return hit
 
 
@@ -347,17 +356,19 @@ class ClusterView:
         node -> why it never can). Unknown or stale nodes pass: correctness is the kubelet's."""
         scorers = self.scorers
         now = self.wall_clock()  # one clock read per request; per node a float comparison
+        shape = request.shape
         survivors: list[int] = []
+        keep = survivors.append
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for i, name in enumerate(names):
             scorer = scorers.get(name)
             if scorer is None or scorer.fresh_until <= now:
-                survivors.append(i)
+                keep(i)
                 continue
-            s = scorer.verdict(request)
+            s = scorer.verdicts.get(shape) or scorer.filter_verdict(request)
             if s.feasible:
-                survivors.append(i)
+                keep(i)
             elif s.unresolvable:
                 unresolvable[name] = s.reason
             else:
@@ -393,6 +404,7 @@ class ClusterView:
         now = self.wall_clock()
         unknown = scoring.UNKNOWN_NODE.score
         host_priority = protocol.host_priority
+        shape = request.shape
         parts: list[bytes] = []
         append = parts.append
         for name in names:
@@ -400,7 +412,7 @@ class ClusterView:
             if scorer is None or scorer.fresh_until <= now:
                 append(host_priority(name, unknown))
             else:
-                append(scorer.host_priority(request))
+                append(scorer._wire.get(shape) or scorer.host_priority(request))
         return parts
 
     def delete_state(self, obj: Any) -> None:
@@ -446,7 +458,7 @@ class ClusterView:
             scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates)
             scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
             for request in self._shapes.values():
-                scorer.host_priority(request)
+                scorer.host_priority(request)  # memoises the filter's verdict too
             self.scorers[name] = scorer
         self._changed()
 

@@ -36,6 +36,8 @@ MERGE_PATCH = "application/merge-patch+json"
 class DirectingBinder:
     """A `Binder` that annotates the pod with its directed GPUs before binding it."""
 
+    counts_pods = True  # it assumes the pod on its node (`ClusterView.direct`) before binding
+
     def __init__(self, inner: Binder, view: ClusterView, api_client: Any, *, timeout_s: float = 10.0) -> None:
         from kubernetes import client  # imported here: only the composition root needs it
 

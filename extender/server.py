@@ -179,15 +179,27 @@ class Extender:
             log.warning("bind refused (%s): %s", verdict.rule, verdict.message)
             return self._json(protocol.encode_binding_result(
                 f"{FAILED_PREFIX}bind refused ({verdict.rule}): {verdict.message}"))  # fmt: skip
+        # Counted on its node before the Binding is written, as kube-scheduler assumes before it
+        # binds: a filter for the next pod that arrives while the write is in flight sees it,
+        # and concurrent binds to one node are predicted in the order they arrived.
+        uid = args.pod_uid
+        assumed_now = False
+        # A directing binder assumes the pod itself, with the GPUs it directs (`counts_pods`).
+        counts_itself = getattr(self.binder, "counts_pods", False)
+        if not counts_itself and not verdict.request.empty and uid not in self.view.assumed:
+            self.view.assume(uid, args.node, verdict.request)
+            assumed_now = uid in self.view.assumed
         try:
             await self.binder.bind(args)
         except BindError as e:
+            if assumed_now:
+                self.view.forget_pod(uid)  # not bound: nothing holds those devices
             m.bind(False)
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
         m.bind(True)
         if not verdict.request.empty:
-            self.view.assume(args.pod_uid, args.node, verdict.request)
+            self.view.assume(uid, args.node, verdict.request)  # a no-op when counted already
         return self._json(protocol.encode_binding_result())
 
     async def explain(self, request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -68,6 +68,23 @@ class ApiSession:
             if resp.status != 200:
                 raise WatchError(resp.status, body.decode(errors="replace")[:300])
             result: dict[str, Any] = orjson.loads(body)
+            return result
+
+    async def send(
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
+        ok: Iterable[int] = (),
+    ) -> dict[str, Any]:  # fmt: skip
+        """One write (POST, PUT, PATCH, DELETE); the decoded answer, `{}` for a status in `ok`
+        (e.g. 404 on a delete). Any other non-2xx status raises WatchError."""
+        data = orjson.dumps(body) if body is not None else None
+        headers = {"Content-Type": content_type} if data is not None else None
+        async with self.session.request(method, self.base + path, data=data, headers=headers, ssl=self._ssl) as resp:
+            raw = await resp.read()
+            if resp.status in ok:
+                return {}
+            if resp.status >= 300:
+                raise WatchError(resp.status, f"{method} {path}: {raw.decode(errors='replace')[:300]}")
+            result: dict[str, Any] = orjson.loads(raw) if raw else {}
             return result
 
     async def watch(

@@ -146,6 +146,7 @@ class RealControlPlane:
         self.etcd_port = 0
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self._apiserver_args: list[str] = []
+        self.scheduler_metrics_url = ""
         self._supervisor: asyncio.Task[None] | None = None
         self.scheduler_restarts = 0
 
@@ -390,20 +391,34 @@ class RealControlPlane:
                 await self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{doc['metadata']['name']}")
         return docs
 
-    async def start_scheduler(self, extender_url: str, *, tls: Mapping[str, str] | None = None) -> None:
-        """kube-scheduler configured by deploy/scheduler/kube-scheduler-config.yaml, calling the
-        extender at `extender_url`; returns once it holds its leader lease."""
+    async def start_scheduler(
+        self, extender_url: str, *, tls: Mapping[str, str] | None = None, source: Path = SCHEDULER_CONFIG,
+        serve_metrics: bool = False,
+    ) -> None:  # fmt: skip
+        """kube-scheduler configured by `source` (deploy/scheduler/kube-scheduler-config.yaml),
+        calling the extender at `extender_url`; returns once it holds its leader lease.
+
+        `serve_metrics`: serve /metrics (and the health paths) on a loopback HTTPS port,
+        `scheduler_metrics_url`, to anyone: no delegated authentication or authorization
+        lookups (there is nothing here to delegate to); otherwise no port at all."""
         kubeconfig = self.client_kubeconfig("scheduler", SCHEDULER_USER)
         config = self.workdir / "kube-scheduler-config.yaml"
-        config.write_text(yaml.safe_dump(scheduler_config(extender_url, kubeconfig, tls=tls), sort_keys=False))
+        config.write_text(yaml.safe_dump(scheduler_config(extender_url, kubeconfig, tls=tls, source=source), sort_keys=False))
+        serving = ["--secure-port=0"]
+        self.scheduler_metrics_url = ""
+        if serve_metrics:
+            port = free_port()
+            serving = [
+                "--bind-address=127.0.0.1", f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'scheduler-certs'}",
+                "--authentication-skip-lookup",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            ]  # fmt: skip
+            self.scheduler_metrics_url = f"https://127.0.0.1:{port}/metrics"
         self.scheduler = LoggedProcess(
-            [
-                str(self.binaries.path("kube-scheduler")), f"--config={config}",
-                # No HTTPS endpoint: nothing scrapes it here, and it would need delegated auth.
-                "--secure-port=0", "--v=2",
-            ],
+            [str(self.binaries.path("kube-scheduler")), f"--config={config}", *serving, "--v=2"],
             self.workdir / "kube-scheduler.log",
-        )  # fmt: skip
+        )
         await self.scheduler.start()
         await self._wait_leader(self.scheduler)
         self._supervisor = asyncio.create_task(self._restart_scheduler_when_it_exits(), name="kube-scheduler-supervisor")
@@ -421,6 +436,17 @@ class RealControlPlane:
             await scheduler.stop()
             await asyncio.sleep(1.0)
             await scheduler.start()
+
+    async def stop_scheduler(self) -> None:
+        """Stop kube-scheduler and forget its leader lease, so the next one leads at once."""
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
+        process, self.scheduler = self.scheduler, None
+        if process is not None:
+            await process.stop()
+        await self.kubectl("delete", "lease", "kube-scheduler", "-n", "kube-system", "--ignore-not-found")
 
     async def _wait_leader(self, process: LoggedProcess) -> None:
         api = api_client(self.kubeconfig)

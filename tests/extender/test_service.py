@@ -181,6 +181,35 @@ async def test_bind_reads_the_pod_from_the_api_and_refuses_what_it_cannot_bind(
     assert server.store.get(kinds.PODS, "default", "fresh")["spec"]["nodeName"] == "node-b"
 
 
+async def test_a_bind_the_api_refuses_leaves_nothing_counted(server: FakeApiServer, service: Service) -> None:
+    """The pod is counted before the Binding is written (as kube-scheduler assumes before it
+    binds); when the write fails, the count goes again."""
+    await synced(service)
+    await until(service, lambda: "node-a" in service.view.scorers)
+    before = allocated(service, "node-a")
+    uid = create_pod(server, "refused")
+    pod = server.store.get(kinds.PODS, "default", "refused")
+    await call(service, "POST", "/prioritize", {"Pod": pod, "NodeNames": ["node-a"]})
+    binder = service.extender.binder
+    assert binder is not None
+    binder = getattr(binder, "_inner", binder)  # the one writing the Binding, under directing
+    during: list[list[int]] = []
+    write = binder.bind
+
+    async def observed_bind(args: Any) -> None:
+        during.append(allocated(service, "node-a"))
+        await write(args)
+
+    binder.bind = observed_bind  # type: ignore[method-assign]
+    server.fail_next("POST", "binding", 500)
+    code, reply = await call(service, "POST", "/bind",
+                             {"PodName": "refused", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"})
+    assert code == 200 and "500" in reply["Error"]
+    assert [sum(a) for a in during] == [sum(before) + 1]  # counted while the write was in flight
+    assert uid not in service.view.assumed
+    assert allocated(service, "node-a") == before
+
+
 async def test_a_pod_bound_by_the_scheduler_itself_is_assumed_from_the_pod_watch(
     server: FakeApiServer, service: Service
 ) -> None:

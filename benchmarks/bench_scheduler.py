@@ -1,0 +1,212 @@
+"""Scheduling throughput of the real kube-scheduler with our extender and without it.
+
+    .venv/bin/python benchmarks/bench_scheduler.py --nodes 1000 --pods 1000 [--out FILE]
+
+The real control plane (etcd, kube-apiserver, deploy/base applied), N simulated GPU nodes
+(`sandbox.fleet`: 8 GPUs x 10 time-slicing replicas each, agents' allocation `packed`, states
+published as the agent publishes them, pods marked Running), the real extender as a process.
+Then, in the same run, two phases on the same empty cluster:
+
+* **with**: kube-scheduler configured by deploy/scheduler/kube-scheduler-config.yaml as shipped
+  (the extender's filter, prioritize and bind; `percentageOfNodesToScore: 100`);
+* **without**: the same file without its `extenders` stanza (the default plugins only).
+
+In both, kube-scheduler's client rate limit is raised to 5,000 QPS as scheduler_perf raises it
+(`--client-qps`; as shipped it is 50 QPS, which caps binds and their events without the extender
+but not the binds the extender makes with its own client).
+
+Each phase creates P GPU pods whose shapes (GPUs, share, CPU, memory) are drawn with a fixed
+seed from the default Alibaba trace's GPU pods, as fast as the API server takes them, and
+measures as Kubernetes' scheduler_perf does: pods bound per second from the first create to
+the last bind (each bind timed when its watch event arrives). Also reported: the CPU seconds of
+the extender and of kube-scheduler in the phase (/proc/<pid>/stat); the extender's latency as
+kube-scheduler sees it (`scheduler_scheduling_algorithm_duration_seconds`, which holds the
+extender's filter and prioritize calls, with against without) and as its own histogram shows it
+(`sharepack_extender_request_duration_seconds`, per verb). After a phase every pod is deleted
+and the fleet and the extender are waited on until they count none.
+
+`--extender-profile FILE` runs the extender under cProfile (slower: for where the time goes,
+not for the ratio). The last line is always
+
+    scheduler throughput at N nodes: with extender X pods/s, without Y pods/s, ratio R
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import logging
+import math
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.policies import Policy
+from sandbox import fleet
+from sandbox.controlplane import ControlPlaneUnavailable
+from sandbox.scalecluster import ScaleCluster, cpu_seconds, gpu_pod, histogram
+from tracesim import traces
+
+RESOURCE = "nvidia.com/gpu.shared"
+SEED = 7
+TIMEOUT_S = 1800.0
+PHASES = (("with", True), ("without", False))
+CLIENT_QPS = 5000  # kube-scheduler's API rate limit in both phases, as scheduler_perf sets it
+
+
+def pod_mix(count: int, replicas: int, seed: int = SEED, prefix: str = "pod") -> list[dict[str, Any]]:
+    """`count` pods shaped like GPU pods of the default trace (GPUs x replicas of the share,
+    CPU, memory), drawn with replacement."""
+    pods = traces.load_pods()
+    gpu = np.flatnonzero(pods.num_gpu > 0)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, k in enumerate(rng.choice(gpu, size=count)):
+        share = math.ceil(int(pods.milli[k]) * replicas / traces.MILLI)
+        out.append(
+            gpu_pod(
+                f"{prefix}-{i:05d}", resource=RESOURCE, count=int(pods.num_gpu[k]) * share,
+                cpu_milli=int(pods.cpu[k]), memory_mib=int(pods.memory[k]),
+            )  # fmt: skip
+        )
+    return out
+
+
+async def phase(
+    cluster: ScaleCluster, name: str, with_extender: bool, pods: list[dict[str, Any]], client_qps: int
+) -> dict[str, Any]:
+    assert cluster.extender is not None and cluster.extender.proc is not None
+    extender_pid = cluster.extender.proc.pid
+    scheduler_pid = await cluster.start_scheduler(with_extender=with_extender, client_qps=client_qps)
+    cluster.say(f"[{name}] kube-scheduler leads; creating {len(pods)} pods")
+    extender_before = await cluster.extender_metrics()
+    cpu_before = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
+    names = [p["metadata"]["name"] for p in pods]
+    started = time.monotonic()
+    await cluster.create_pods(pods)
+    created = time.monotonic() - started
+    outcomes = await cluster.tracker.wait(names, TIMEOUT_S)
+    bound = [o for o in outcomes if o.node]
+    last = max((o.bound_at for o in bound), default=started)
+    elapsed = last - started
+    cpu_after = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
+    sched = await cluster.scheduler_metrics()
+    extender_after = await cluster.extender_metrics()
+    await cluster.stop_scheduler()
+    result: dict[str, Any] = {
+        "pods": len(pods),
+        "bound": len(bound),
+        "unschedulable": len(outcomes) - len(bound),
+        "create_s": round(created, 3),
+        "first_create_to_last_bind_s": round(elapsed, 3),
+        "pods_per_s": round(len(bound) / elapsed, 2) if elapsed > 0 else 0.0,
+        "extender_cpu_s": round(cpu_after[0] - cpu_before[0], 2),
+        "scheduler_cpu_s": round(cpu_after[1] - cpu_before[1], 2),
+    }
+    algorithm = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
+    attempt = histogram(sched, "scheduler_scheduling_attempt_duration_seconds", {"result": "scheduled"})
+    result["scheduler_algorithm"] = algorithm.describe() if algorithm else "not scraped"
+    result["scheduler_algorithm_mean_ms"] = round(algorithm.mean * 1000, 3) if algorithm else None
+    result["scheduler_attempt"] = attempt.describe() if attempt else "not scraped"
+    for verb in ("filter", "prioritize", "bind"):
+        labels = {"verb": verb}
+        after = histogram(extender_after, "sharepack_extender_request_duration_seconds", labels)
+        before = histogram(extender_before, "sharepack_extender_request_duration_seconds", labels)
+        result[f"extender_{verb}"] = after.minus(before).describe() if after else "no calls"
+    cluster.say(f"[{name}] {result['bound']}/{len(pods)} bound in {elapsed:.1f} s: {result['pods_per_s']} pods/s")
+    await cluster.delete_all_pods()
+    return result
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    shapes = fleet.synthetic_shapes(args.nodes)
+    workdir = Path(tempfile.mkdtemp(prefix="sp-bench-", dir="/tmp"))
+    async with ScaleCluster(
+        shapes, workdir, replicas=args.replicas, agent_policy=Policy(args.policy), node_policy=args.node_policy,
+        profile_to=args.extender_profile, extender_args=args.extender_arg,
+    ) as cluster:  # fmt: skip
+        results: dict[str, Any] = {"nodes": args.nodes, "extender_args": args.extender_arg, "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}}
+        for name, with_extender in PHASES:
+            pods = pod_mix(args.pods, args.replicas, prefix=name)
+            results[name] = await phase(cluster, name, with_extender, pods, args.client_qps)
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [f"nodes {results['nodes']}; setup " + ", ".join(f"{k} {v} s" for k, v in results["setup_s"].items())]
+    for name, _ in PHASES:
+        r = results[name]
+        lines.append(
+            f"{name:>7} extender: {r['bound']}/{r['pods']} bound ({r['unschedulable']} unschedulable), "
+            f"created in {r['create_s']} s, first create to last bind {r['first_create_to_last_bind_s']} s: "
+            f"{r['pods_per_s']} pods/s; CPU s: kube-scheduler {r['scheduler_cpu_s']}, extender {r['extender_cpu_s']}"
+        )
+        lines.append(f"          kube-scheduler algorithm (filter+score, extender calls included): {r['scheduler_algorithm']}")
+        lines.append(f"          kube-scheduler attempt (scheduled): {r['scheduler_attempt']}")
+        if name == "with":
+            for verb in ("filter", "prioritize", "bind"):
+                lines.append(f"          extender {verb} (its histogram): {r[f'extender_{verb}']}")
+    w, wo = results["with"], results["without"]
+    if w["scheduler_algorithm_mean_ms"] is not None and wo["scheduler_algorithm_mean_ms"] is not None:
+        lines.append(
+            "extender latency as kube-scheduler sees it (algorithm mean, with - without): "
+            f"{w['scheduler_algorithm_mean_ms'] - wo['scheduler_algorithm_mean_ms']:.2f} ms per pod"
+        )
+    ratio = w["pods_per_s"] / wo["pods_per_s"] if wo["pods_per_s"] else 0.0
+    results["ratio"] = round(ratio, 3)
+    lines.append(
+        f"scheduler throughput at {results['nodes']} nodes: with extender {w['pods_per_s']:.1f} pods/s, "
+        f"without {wo['pods_per_s']:.1f} pods/s, ratio {ratio:.2f}"
+    )
+    return "\n".join(lines)
+
+
+def profile_summary(path: Path, top: int = 25) -> str:
+    """The extender's functions by own time, from its cProfile stats (written as it exits)."""
+    if not path.exists():
+        return f"no profile at {path}: the extender did not exit cleanly"
+    out = io.StringIO()
+    pstats.Stats(str(path), stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--nodes", type=int, default=200)
+    p.add_argument("--pods", type=int, default=200)
+    p.add_argument("--replicas", type=int, default=10, help="time-slicing replicas per GPU (default 10)")
+    p.add_argument("--policy", default="packed", help="the agents' allocation policy (default packed)")
+    p.add_argument("--node-policy", default="packed", help="the extender's --node-policy (default packed)")
+    p.add_argument("--client-qps", type=int, default=CLIENT_QPS,
+                   help="kube-scheduler's API QPS and burst in both phases (default %(default)s, as scheduler_perf; 0: as shipped, 50)")
+    p.add_argument("--extender-arg", action="append", default=[],
+                   help="extra extender flag, e.g. --extender-arg=--filter-tier-width=1 (repeatable)")
+    p.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    p.add_argument("--extender-profile", type=Path, help="run the extender under cProfile, stats to this file")
+    args = p.parse_args(argv)
+    if args.nodes < 1 or args.pods < 1:
+        p.error(f"--nodes and --pods must be at least 1, got {args.nodes} and {args.pods}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        results = asyncio.run(run(args))
+    except ControlPlaneUnavailable as e:
+        print(f"bench_scheduler: {e}", file=sys.stderr)
+        return 1
+    text = report(results)
+    if args.extender_profile:
+        print(profile_summary(args.extender_profile))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
