@@ -63,7 +63,7 @@ FAULTS = (
 )  # fmt: skip
 CHECK_S = 0.5
 SETTLE_S = 5.0  # a node's published state must match its kubelet this long after a fault
-POD_GRACE_S = 20.0  # a pod may be unbound and reasonless, or bound and not running, this long
+POD_GRACE_S = 30.0  # a pod may be unbound and reasonless, or bound and not running, this long
 NAMESPACE = demo.NAMESPACE
 CONFIGMAP_NAMESPACE, CONFIGMAP = "sharepack-system", "sharepack-agent-config"
 CONFIG_NAME = "chaos"  # the named config the soak's nodes use, in the agent ConfigMap

@@ -109,6 +109,7 @@ class KubeletApi:
         self.rejected: dict[str, str] = {}  # pod UID -> admission error
         self._unreported: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}  # uid -> (meta, status)
         self._undeleted: dict[str, Mapping[str, Any]] = {}  # uid -> meta of a deletion to finish
+        self._unadmitted: dict[str, Mapping[str, Any]] = {}  # uid -> pod whose admission broke
         self.pods_seen = asyncio.Event()  # set after the first list of this node's pods
 
     # -- the Node --------------------------------------------------------------------------
@@ -207,6 +208,9 @@ class KubeletApi:
                 with contextlib.suppress(*TRANSIENT_API_ERRORS):
                     await self._report(meta, status)
                     self._unreported.pop(uid, None)
+            for pod in list(self._unadmitted.values()):
+                with contextlib.suppress(Exception):  # logged by admit's caller the first time
+                    await self.admit(pod)
             for uid, meta in list(self._undeleted.items()):
                 with contextlib.suppress(*TRANSIENT_API_ERRORS):
                     await self._finish_deletion(meta)
@@ -226,11 +230,13 @@ class KubeletApi:
         phase = (pod.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in TERMINAL:
             await self.kubelet.remove_pod(uid)
+            self._unadmitted.pop(uid, None)
             self._unreported.pop(uid, None)
             self._undeleted.pop(uid, None)
             return
         if meta.get("deletionTimestamp"):
             await self.kubelet.remove_pod(uid)
+            self._unadmitted.pop(uid, None)
             try:
                 await self._finish_deletion(meta)
             except TRANSIENT_API_ERRORS:  # the API is away: the status loop finishes it later
@@ -252,6 +258,13 @@ class KubeletApi:
             except AdmissionError as e:
                 self.rejected[uid] = str(e)
                 status = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": str(e)}
+            except Exception:
+                # Not a verdict on the pod (the kubelet restarting under it, say): admit it again
+                # at the next status tick, as the kubelet's pod workers retry.
+                self._handled.discard(uid)
+                self._unadmitted[uid] = pod
+                raise
+            self._unadmitted.pop(uid, None)
         try:
             await self._report(meta, status)
         except TRANSIENT_API_ERRORS:  # the API is away: the status loop writes it later
