@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TypeVar
@@ -377,29 +377,30 @@ def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> Nod
     Allocated counts are clamped to each GPU's total: a stale prediction must never make a
     node look more than full.
     """
-    if not placement:
-        return state
-    resources = []
-    for res in state.resources:
-        keys = placement.get(res.name)
-        if not keys:
-            resources.append(res)
-            continue
-        counts = Counter(keys)
-        gpus = []
-        for g in res.gpus:
-            n = counts.get(g.key, 0)
-            if n:
-                pods = g.pods if pod_uid in g.pods else (*g.pods, pod_uid)
-                g = replace(g, allocated=min(g.allocated + n, g.total), pods=pods)
-            gpus.append(g)
-        resources.append(replace(res, gpus=tuple(gpus)))
-    return replace(state, resources=tuple(resources))
+
+    def take(g: GpuState, n: int) -> GpuState:
+        if not n:
+            return g
+        pods = g.pods if pod_uid in g.pods else (*g.pods, pod_uid)
+        return replace(g, allocated=min(g.allocated + n, g.total), pods=pods)
+
+    return _per_gpu(state, placement, take)
 
 
 def release_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
     """The state after a pod that held `placement` has gone, before its agent republishes (how
     the extender frees a deleted pod's devices at once). Counts never go below zero."""
+
+    def free(g: GpuState, n: int) -> GpuState:
+        if not n and pod_uid not in g.pods:
+            return g
+        return replace(g, allocated=max(g.allocated - n, 0), pods=tuple(p for p in g.pods if p != pod_uid))
+
+    return _per_gpu(state, placement, free)
+
+
+def _per_gpu(state: NodeState, placement: Placement, change: Callable[[GpuState, int], GpuState]) -> NodeState:
+    """`change(gpu, devices of the placement on it)` for every GPU of the placement's resources."""
     if not placement:
         return state
     resources = []
@@ -409,14 +410,7 @@ def release_placement(state: NodeState, pod_uid: str, placement: Placement) -> N
             resources.append(res)
             continue
         counts = Counter(keys)
-        gpus = []
-        for g in res.gpus:
-            n = counts.get(g.key, 0)
-            if n or pod_uid in g.pods:
-                pods = tuple(p for p in g.pods if p != pod_uid)
-                g = replace(g, allocated=max(g.allocated - n, 0), pods=pods)
-            gpus.append(g)
-        resources.append(replace(res, gpus=tuple(gpus)))
+        resources.append(replace(res, gpus=tuple(change(g, counts.get(g.key, 0)) for g in res.gpus)))
     return replace(state, resources=tuple(resources))
 
 
