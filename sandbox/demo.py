@@ -41,6 +41,7 @@ from sandbox.controlplane import ControlPlaneUnavailable, RealControlPlane, free
 from sandbox.identities import Identities
 from sandbox.nodes import NodeSpec, NodeStartError, SimulatedNode
 from sandbox.processes import LoggedProcess
+from sandbox.stacks import Stack
 from sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 from sandbox.tcpproxy import RoundRobinProxy
 
@@ -143,7 +144,7 @@ class ExtenderReplica:
         return f"https://127.0.0.1:{self.port}"
 
 
-class Sandbox:
+class Sandbox(Stack):
     """One policy's stack: control plane, nodes, extender, scheduler.
 
     `control_plane`: "in-process" (the sandbox API server and the scheduler driver, no Go
@@ -177,7 +178,7 @@ class Sandbox:
         self.extender_replicas = extender_replicas
         self.replicas: list[ExtenderReplica] = []
         self.extender_url = ""  # the one replica, or the proxy in front of them
-        self._stack = contextlib.AsyncExitStack()
+        super().__init__()
 
     @property
     def url(self) -> str:
@@ -187,17 +188,6 @@ class Sandbox:
     def kubectl(self) -> str:
         """The kubectl to point a user at: the one built with the real control plane, if any."""
         return str(self.real.binaries.path("kubectl")) if self.real is not None else "kubectl"
-
-    async def __aenter__(self) -> Sandbox:
-        try:
-            await self._start()
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
 
     async def _start_control_plane(self) -> None:
         if self.control_plane == REAL:

@@ -32,6 +32,7 @@ from sandbox.controlplane import ControlPlaneUnavailable, RealControlPlane, free
 from sandbox.fleet import Fleet, NodeShape, wait_for
 from sandbox.identities import Identities
 from sandbox.processes import LoggedProcess
+from sandbox.stacks import Stack
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ def histogram(samples: Mapping[str, float], name: str, labels: Mapping[str, str]
     return Histogram(tuple(sorted(buckets.items())), total, count)
 
 
-class ScaleCluster:
+class ScaleCluster(Stack):
     """The control plane, the fleet and the extender; an async context manager."""
 
     def __init__(
@@ -236,23 +237,12 @@ class ScaleCluster:
         self.extender: LoggedProcess | None = None
         self.extender_url = ""
         self.timings: dict[str, float] = {}
-        self._stack = contextlib.AsyncExitStack()
+        super().__init__()
         self._tasks: list[asyncio.Task[None]] = []
 
     def say(self, line: str) -> None:
         if self.progress:
             print(line, file=sys.stderr, flush=True)
-
-    async def __aenter__(self) -> ScaleCluster:
-        try:
-            await self._start()
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
 
     async def _start(self) -> None:
         binaries = kubebuild.cached()
