@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,17 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tracesim import kubescheduler, policies, reporting, running, traces  # noqa: E402
 from tracesim.cli import _parser, kube_config  # noqa: E402
 
+# The same yardstick as the calibration benchmark, so their ratios compare.
+from bench_tracesim import baseline_loop  # noqa: E402  (benchmarks/ is sys.path[0] when run)
+
 WORKLOADS = ("default", "cpu250", "gpushare100", "multigpu50", "gpuspec33")
 BASELINES = ("kube-default", "kube-binpack")
 OURS = ("packed", "fragaware")
-
-
-def baseline_loop() -> float:
-    start = time.perf_counter()
-    acc = 0
-    for i in range(5_000_000):
-        acc += i & 7
-    return time.perf_counter() - start
 
 
 def main() -> int:

@@ -3,10 +3,8 @@ counted on, before the Binding exists (extender.directing), through the sandbox 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from kubernetes import config
 
 from common import directions
@@ -25,16 +23,6 @@ async def started(server: FakeApiServer, tmp_short: Path, *flags: str) -> Servic
     await synced(svc)
     await until(svc, lambda: "node-a" in svc.view.scorers)
     return svc
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    srv = FakeApiServer(bookmark_interval=0.2)
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop()
 
 
 async def schedule(svc: Service, server: FakeApiServer, name: str, n: int) -> tuple[str, dict[str, object]]:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -266,16 +265,6 @@ def publish(server: FakeApiServer, node: str, observed_at: str, gpus: list[tuple
     obj = store.get(rt, "", node)
     obj["status"] = status(observed_at, gpus)
     store.update(rt, "", node, obj, "status")
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    srv = FakeApiServer(bookmark_interval=0.2)
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop()
 
 
 async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again(server: FakeApiServer) -> None:

@@ -63,16 +63,6 @@ def create_pod(server: FakeApiServer, name: str, n: int = 1) -> str:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeApiServer]:
-    srv = FakeApiServer(bookmark_interval=0.2)
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop()
-
-
-@pytest.fixture
 async def service(server: FakeApiServer, tmp_short: Path) -> AsyncIterator[Service]:
     publish(server, "node-a", [(4, 1, ("old",)), (4, 0, ())])
     publish(server, "node-b", [(4, 0, ()), (4, 0, ())])
