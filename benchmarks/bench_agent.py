@@ -28,12 +28,12 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent import nvml, registering  # noqa: E402
-from agent.health import XidPolicy  # noqa: E402
-from agent.running import Agent, Settings  # noqa: E402
-from common.config import load_config  # noqa: E402
-from proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402
-from sandbox.kubelet import FakeKubelet  # noqa: E402
+from sharepack.agent import nvml, registering  # noqa: E402
+from sharepack.agent.health import XidPolicy  # noqa: E402
+from sharepack.agent.running import Agent, Settings  # noqa: E402
+from sharepack.common.config import load_config  # noqa: E402
+from sharepack.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet  # noqa: E402
 
 CONFIG = """
 version: v1

@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import allocation, topology  # noqa: E402
-from common.devices import device_order, physical_key, replica_id  # noqa: E402
-from common.errors import AllocationError  # noqa: E402
-from common.policies import Policy  # noqa: E402
+from sharepack.common import allocation, topology  # noqa: E402
+from sharepack.common.devices import device_order, physical_key, replica_id  # noqa: E402
+from sharepack.common.errors import AllocationError  # noqa: E402
+from sharepack.common.policies import Policy  # noqa: E402
 
 
 def per_call(fn: Callable[[], object], *, min_time: float = 0.5, max_calls: int = 100_000) -> float:

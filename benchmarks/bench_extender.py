@@ -37,11 +37,11 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender.caches import ClusterView
-from extender.server import Extender
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.caches import ClusterView
+from sharepack.extender.server import Extender
 
 SHARED = "nvidia.com/gpu.shared"
 

@@ -1,4 +1,4 @@
-"""The kube-model table of README.md and tracesim/README.md: sharepack's policies against the
+"""The kube-model table of README.md and sharepack/tracesim/README.md: sharepack's policies against the
 baselines users have without it, on the study's five traces, under the kube-scheduler model.
 
     .venv/bin/python benchmarks/bench_kube.py --traces $TRACE --seeds 10       # the table (long)
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracesim import kubescheduler, policies, reporting, running, traces  # noqa: E402
-from tracesim.cli import _parser, kube_config  # noqa: E402
+from sharepack.tracesim import kubescheduler, policies, reporting, running, traces  # noqa: E402
+from sharepack.tracesim.cli import _parser, kube_config  # noqa: E402
 
 # The same yardstick as the calibration benchmark, so their ratios compare.
 from bench_tracesim import baseline_loop  # noqa: E402  (benchmarks/ is sys.path[0] when run)

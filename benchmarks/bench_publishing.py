@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent import publishing  # noqa: E402
-from common import state as schema  # noqa: E402
-from sandbox import apiserver_resources as kinds  # noqa: E402
+from sharepack.agent import publishing  # noqa: E402
+from sharepack.common import state as schema  # noqa: E402
+from sharepack.sandbox.apiserver import resources as kinds  # noqa: E402
 from tests.publishing.harness import Node, config, gpus, node, time_slicing  # noqa: E402
 
 

@@ -32,13 +32,13 @@ from kubernetes import config as sync_config
 from kubernetes.aio import client as aio_client
 from kubernetes.informer import SharedInformer
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from kube import clients
-from kube.reflecting import Reflector
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.kube import clients
+from sharepack.kube.reflecting import Reflector
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 SHARED = "nvidia.com/gpu.shared"
 
@@ -172,5 +172,5 @@ if __name__ == "__main__":
     a = p.parse_args()
     # Counted through the handlers instead: SharedInformer logs a traceback for every retry.
     logging.getLogger("kubernetes.informer").setLevel(logging.CRITICAL)
-    logging.getLogger("kube.reflecting").setLevel(logging.ERROR)
+    logging.getLogger("sharepack.kube.reflecting").setLevel(logging.ERROR)
     asyncio.run(main(a.nodes, a.pods_per_node, a.outage))

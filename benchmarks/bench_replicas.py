@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kubernetes  # noqa: E402
 
-from common.policies import Policy  # noqa: E402
-from sandbox import demo  # noqa: E402
-from sandbox.demo import Sandbox, Workload, free_port  # noqa: E402
-from sandbox.processes import LoggedProcess  # noqa: E402
+from sharepack.common.policies import Policy  # noqa: E402
+from sharepack.sandbox.drivers import demo  # noqa: E402
+from sharepack.sandbox.drivers.demo import Sandbox, Workload, free_port  # noqa: E402
+from sharepack.sandbox.controlplane.processes import LoggedProcess  # noqa: E402
 from tests.scenario.harness import (  # noqa: E402
     MACHINE,
     REPLICAS,
@@ -80,7 +80,7 @@ async def post(box: Sandbox, url: str, verb: str, body: dict[str, Any]) -> Any:
 async def second_extender(box: Sandbox, root: Path) -> tuple[LoggedProcess, str]:
     port = free_port()
     proc = LoggedProcess(
-        [sys.executable, "-m", "extender", f"--listen=127.0.0.1:{port}", f"--node-policy={box.policy}",
+        [sys.executable, "-m", "sharepack.extender", f"--listen=127.0.0.1:{port}", f"--node-policy={box.policy}",
          f"--kubeconfig={box.kubeconfig}", "--log-format=text"],
         root / "extender-2.log",
     )  # fmt: skip

@@ -48,11 +48,11 @@ from typing import Any
 
 import numpy as np
 
-from common.policies import Policy
-from sandbox import fleet
-from sandbox.controlplane import ControlPlaneUnavailable
-from sandbox.scalecluster import ScaleCluster, cpu_seconds, gpu_pod, histogram
-from tracesim import traces
+from sharepack.common.policies import Policy
+from sharepack.sandbox.kubelet import fleet
+from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable
+from sharepack.sandbox.drivers.scalecluster import ScaleCluster, cpu_seconds, gpu_pod, histogram
+from sharepack.tracesim import traces
 
 RESOURCE = "nvidia.com/gpu.shared"
 SEED = 7

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracesim import policies, reporting, running, traces  # noqa: E402
+from sharepack.tracesim import policies, reporting, running, traces  # noqa: E402
 
 GATE = 0.3
 

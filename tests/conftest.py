@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from sandbox import kubebuild
-    from sandbox.controlplane import RealControlPlane
+    from sharepack.sandbox.controlplane import kubebuild
+    from sharepack.sandbox.controlplane.plane import RealControlPlane
 
 TESTS = Path(__file__).resolve().parent
 LEFTOVER_GRACE_S = 2.0
@@ -60,13 +60,13 @@ REQUIRE_REAL = "SHAREPACK_REQUIRE_REAL"  # set by .ci/run: a missing control pla
 def real_binaries() -> "kubebuild.Binaries":
     """The built control plane, or a skip (a failure where REQUIRE_REAL is set) that says why.
     Tests never build: scripts/test builds before pytest runs, outside any test's time budget."""
-    from sandbox import kubebuild
+    from sharepack.sandbox.controlplane import kubebuild
 
     found = kubebuild.cached()
     if found is not None:
         return found
     why = (
-        "the real control plane is not built: run `python -m sandbox.kubebuild` (needs Go >= 1.26; "
+        "the real control plane is not built: run `python -m sharepack.sandbox.controlplane.kubebuild` (needs Go >= 1.26; "
         "scripts/test does it when Go is present)"
     )
     if os.environ.get(REQUIRE_REAL):
@@ -78,7 +78,7 @@ def real_binaries() -> "kubebuild.Binaries":
 def real_control_plane() -> Iterator["RealControlPlane"]:
     """One kube-apiserver + etcd for the session, with deploy/base applied. Tests that share it
     name their objects so they cannot collide."""
-    from sandbox.controlplane import BackgroundControlPlane
+    from sharepack.sandbox.controlplane.plane import BackgroundControlPlane
 
     # Pod watches straight from etcd (no watch cache for pods), so that a compaction makes a
     # version too old, as the protocol tests' 410 case needs; everything else as a cluster runs.

@@ -16,13 +16,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import nvml
-from agent.health import XidPolicy
-from agent.running import Agent, Settings
-from common.config import Config, load_config
-from common.inventory import Gpu, Inventory, MigDevice
-from sandbox.kubelet import FakeKubelet
-from sandbox.kubelet_pods import ContainerSpec, PodSpec
+from sharepack.agent import nvml
+from sharepack.agent.health import XidPolicy
+from sharepack.agent.running import Agent, Settings
+from sharepack.common.config import Config, load_config
+from sharepack.common.inventory import Gpu, Inventory, MigDevice
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
+from sharepack.sandbox.kubelet.pods import ContainerSpec, PodSpec
 
 
 def gpu_uuid(i: int) -> str:

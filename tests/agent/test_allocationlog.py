@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import allocationlog
-from agent.allocationlog import AllocationLog
+from sharepack.agent import allocationlog
+from sharepack.agent.allocationlog import AllocationLog
 from tests.agent.harness import config, fake_kubelet, plain_gpus, running_agent, time_slicing
-from sandbox.kubelet_pods import ContainerSpec, PodSpec
+from sharepack.sandbox.kubelet.pods import ContainerSpec, PodSpec
 
 
 def test_entries_survive_a_new_reader_oldest_first(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from sandbox.apiserver import FakeApiServer
-from sandbox.apiserver_resources import NODE_GPU_STATES, NODES
-from sandbox.apiserver_store import ApiError
+from sharepack.sandbox.apiserver.server import FakeApiServer
+from sharepack.sandbox.apiserver.resources import NODE_GPU_STATES, NODES
+from sharepack.sandbox.apiserver.store import ApiError
 from tests.agent.harness import fake_kubelet, pod
 
 # Real processes: their cold start (imports) alone can take tens of seconds on a loaded machine.
@@ -62,7 +62,7 @@ async def test_cli_serves_a_simulated_machine_reloads_on_sighup_and_drains_on_si
         config_file.write_text(GOOD)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARED_", "MIG_", "DEVICE_"))}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent",
+            sys.executable, "-m", "sharepack.agent",
             "--simulated-machine", "dgx-a100",
             "--kubelet-socket", str(kubelet.socket_path), "--metrics-listen", "127.0.0.1:0",
             "--config-file", str(config_file),
@@ -100,7 +100,7 @@ async def test_cli_publishes_the_node_state_when_an_api_is_configured() -> None:
         kubeconfig = api.write_kubeconfig(kubelet.root / "kubeconfig")
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent",
+            sys.executable, "-m", "sharepack.agent",
             "--simulated-machine", "t4-pcie",
             "--kubelet-socket", str(kubelet.socket_path), "--metrics-listen", "127.0.0.1:0",
             "--pod-resources-socket", str(kubelet.pod_resources_socket),
@@ -142,14 +142,14 @@ async def test_cli_without_a_driver_honours_fail_on_init_error() -> None:
                   "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
 
         failing = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", *common, stderr=asyncio.subprocess.PIPE, cwd=REPO
+            sys.executable, "-m", "sharepack.agent", *common, stderr=asyncio.subprocess.PIPE, cwd=REPO
         )
         _, err = await asyncio.wait_for(failing.communicate(), 30)
         assert failing.returncode == 1
         assert "cannot start" in err.decode() and "failOnInitError is true" in err.decode()
 
         idle = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", *common, "--fail-on-init-error=false",
+            sys.executable, "-m", "sharepack.agent", *common, "--fail-on-init-error=false",
             stderr=asyncio.subprocess.PIPE, cwd=REPO,
         )
         assert idle.stderr is not None
@@ -177,7 +177,7 @@ async def test_the_state_flags_reach_the_publisher() -> None:
         log_file = kubelet.root / "agent.log"
         with log_file.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent",
+                sys.executable, "-m", "sharepack.agent",
                 "--simulated-machine", "t4-pcie",
                 "--kubelet-socket", str(kubelet.socket_path),
                 "--pod-resources-socket", str(kubelet.pod_resources_socket),

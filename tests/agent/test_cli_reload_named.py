@@ -8,9 +8,9 @@ import os
 import signal
 import sys
 
-from common.config import NODE_CONFIG_LABEL
-from sandbox.apiserver import FakeApiServer
-from sandbox.apiserver_resources import CONFIGMAPS, NODES
+from sharepack.common.config import NODE_CONFIG_LABEL
+from sharepack.sandbox.apiserver.server import FakeApiServer
+from sharepack.sandbox.apiserver.resources import CONFIGMAPS, NODES
 from tests.agent.harness import fake_kubelet
 from tests.agent.test_cli import REPO, _Lines
 
@@ -31,7 +31,7 @@ async def test_sighup_keeps_the_named_config_of_the_node_label() -> None:
         env = {k: v for k, v in os.environ.items()
                if k != "KUBERNETES_SERVICE_HOST" and not k.startswith(("SHARED_", "MIG_", "DEVICE_"))}  # fmt: skip
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent",
+            sys.executable, "-m", "sharepack.agent",
             "--simulated-machine", "t4-pcie",
             "--kubelet-socket", str(kubelet.socket_path), "--metrics-listen", "127.0.0.1:0",
             "--pod-resources-socket", str(kubelet.pod_resources_socket),

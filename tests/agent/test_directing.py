@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from agent import options
-from agent.directing import Director, Fallback
-from agent.errors import OptionsError
-from common import directions
-from common.directions import ContainerDirections, Directions
-from common.resources import Resource, build_resources
+from sharepack.agent import options
+from sharepack.agent.directing import Director, Fallback
+from sharepack.agent.errors import OptionsError
+from sharepack.common import directions
+from sharepack.common.directions import ContainerDirections, Directions
+from sharepack.common.resources import Resource, build_resources
 from tests.agent.harness import config, gpu_uuid, plain_gpus, time_slicing
 
 NODE = "node-a"
@@ -97,7 +97,7 @@ async def test_a_pods_containers_are_directed_one_after_another_with_reused_devi
 async def test_the_nodes_policy_answers_when_the_request_cannot_be_matched_to_directions(
     pods: list[dict[str, Any]], reason: Fallback, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.directing")
+    caplog.set_level(logging.INFO, logger="sharepack.agent.directing")
     d = director(pods)
     assert await d.choose(resource(), ALL, [], 1) is None
     assert d.counters.honoured == 0
@@ -194,8 +194,8 @@ async def test_a_directed_allocation_is_published_under_its_pods_uid_before_podr
     """The publisher counts devices it just allocated before PodResources names their pod; with
     directions it knows the pod, so the extender settles its assumption instead of counting the
     pod twice (once assumed, once as an anonymous allocation)."""
-    from common.policies import MigStrategy, Policy
-    from common.statebuilding import build_node_state
+    from sharepack.common.policies import MigStrategy, Policy
+    from sharepack.common.statebuilding import build_node_state
 
     d = director([pod("p", ("main", 2), ann=annotation(NODE, ("main", [G1, G1])))])
     chosen = await d.choose(resource(), ALL, [], 2)

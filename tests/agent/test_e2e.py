@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent import nvml, registering
-from common.inventory import Inventory
-from common.devices import physical_key
-from proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from sandbox.kubelet_pods import AdmissionError
+from sharepack.agent import nvml, registering
+from sharepack.common.inventory import Inventory
+from sharepack.common.devices import physical_key
+from sharepack.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from sharepack.sandbox.kubelet.pods import AdmissionError
 from tests.agent.harness import (
     FakeXid,
     XidQueue,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.health import APPLICATION_XIDS, HealthBook, XidPolicy, affected_devices, parse_xids
+from sharepack.agent.health import APPLICATION_XIDS, HealthBook, XidPolicy, affected_devices, parse_xids
 
 
 @pytest.mark.parametrize(

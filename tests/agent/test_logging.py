@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from agent.__main__ import setup_logging
+from sharepack.agent.__main__ import setup_logging
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ from typing import TypeVar
 
 import aiohttp
 
-from agent.nvmlsim import CONTROL_ENV, control_line
-from common.devices import physical_key
-from extender.metrics import parse_text
-from sandbox.kubelet import FakeKubelet
+from sharepack.agent.nvmlsim import CONTROL_ENV, control_line
+from sharepack.common.devices import physical_key
+from sharepack.extender.metrics import parse_text
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
 from tests.agent.harness import pod, stop_process
 from tests.agent.test_cli import GOOD, _Lines
 
@@ -66,7 +66,7 @@ async def agent_process(kubelet: FakeKubelet, control: Path) -> AsyncIterator[tu
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARED_", "MIG_", "DEVICE_"))}
     env[CONTROL_ENV] = str(control)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent",
+        sys.executable, "-m", "sharepack.agent",
         "--simulated-machine", "t4-pcie",
         "--kubelet-socket", str(kubelet.socket_path),
         "--config-file", str(config_file),

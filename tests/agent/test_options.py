@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from agent import options
-from agent.__main__ import config_loader
-from agent.errors import OptionsError
-from common.config import load_config
-from common.errors import ConfigError
-from common.policies import MigStrategy, Policy
+from sharepack.agent import options
+from sharepack.agent.__main__ import config_loader
+from sharepack.agent.errors import OptionsError
+from sharepack.common.config import load_config
+from sharepack.common.errors import ConfigError
+from sharepack.common.policies import MigStrategy, Policy
 
 
 def test_only_given_config_flags_reach_load_config_and_win_over_env() -> None:

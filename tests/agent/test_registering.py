@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import registering
+from sharepack.agent import registering
 
 
 @pytest.mark.parametrize(

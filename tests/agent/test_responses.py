@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.responses import ResponseOptions, container_response, preferred_allocation
-from common.errors import AllocationError
-from common.policies import Policy
-from common.resources import build_resources
+from sharepack.agent.responses import ResponseOptions, container_response, preferred_allocation
+from sharepack.common.errors import AllocationError
+from sharepack.common.policies import Policy
+from sharepack.common.resources import build_resources
 from tests.agent.harness import config, gpu_uuid, mig_gpus, plain_gpus, time_slicing
 
 U0, U1 = gpu_uuid(0), gpu_uuid(1)

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from agent.errors import TaskExited
-from agent.tasks import Supervisor
+from sharepack.agent.errors import TaskExited
+from sharepack.agent.tasks import Supervisor
 
 
 async def _forever() -> None:

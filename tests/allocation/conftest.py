@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from common import topology
+from sharepack.common import topology
 
 
 def _partitions(items: list[str], size: int, remainder: int) -> Iterator[list[tuple[str, ...]]]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from common import allocation
+from sharepack.common import allocation
 
 DATA: dict[str, Any] = json.loads(
     (Path(__file__).parent / "vectors" / "aligned_allocation_cases.json").read_text()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import devices
+from sharepack.common import devices
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from common import allocation
-from common.allocation import GpuLoad
-from common.devices import physical_key, replica_id
-from common.errors import AllocationError
-from common.policies import Policy
+from sharepack.common import allocation
+from sharepack.common.allocation import GpuLoad
+from sharepack.common.devices import physical_key, replica_id
+from sharepack.common.errors import AllocationError
+from sharepack.common.policies import Policy
 
 
 def _replicas(**per_gpu: int) -> list[str]:

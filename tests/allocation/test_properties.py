@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import allocation
-from common.allocation import GpuLoad
-from common.devices import replica_id
-from common.errors import AllocationError
-from common.policies import Policy
+from sharepack.common import allocation
+from sharepack.common.allocation import GpuLoad
+from sharepack.common.devices import replica_id
+from sharepack.common.errors import AllocationError
+from sharepack.common.policies import Policy
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

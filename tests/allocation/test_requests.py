@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import requests
-from common.errors import RequestError
+from sharepack.common import requests
+from sharepack.common.errors import RequestError
 
 KNOWN = frozenset({"g0::0", "g0::1", "g1::0"})
 

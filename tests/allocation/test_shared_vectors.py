@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from common import allocation, requests
-from common.devices import physical_key, replica_id
-from common.errors import AllocationError, RequestError
-from common.policies import Policy
+from sharepack.common import allocation, requests
+from sharepack.common.devices import physical_key, replica_id
+from sharepack.common.errors import AllocationError, RequestError
+from sharepack.common.policies import Policy
 
 CASES: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "vectors" / "shared_allocation_cases.json").read_text()

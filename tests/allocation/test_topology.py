@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import allocation, topology
+from sharepack.common import allocation, topology
 
 BruteForce = Callable[
     [dict[tuple[str, str], int], list[str], list[str], int], tuple[int, set[frozenset[str]]]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver.server import FakeApiServer
 from tests.apiserver.endpoints import Endpoint
 
 

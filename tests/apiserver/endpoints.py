@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
 CRD = Path(__file__).parents[2] / "deploy" / "base" / "crds" / "nodegpustates.yaml"

@@ -14,9 +14,9 @@ import yaml
 from aiohttp import ClientSession
 from kubernetes import client
 
-from common import state as gpustate
-from sandbox import apiserver_printers as printers
-from sandbox.apiserver import FakeApiServer
+from sharepack.common import state as gpustate
+from sharepack.sandbox.apiserver import printers
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 CRD = Path(__file__).parents[2] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 
 def _kubectls() -> list[str]:
     found = [shutil.which("kubectl")]
     try:
-        from sandbox import kubebuild  # type: ignore[attr-defined, unused-ignore]
+        from sharepack.sandbox.controlplane import kubebuild  # type: ignore[attr-defined, unused-ignore]
 
         built = kubebuild.cached()
         found.append(str(built.path("kubectl")) if built is not None else None)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 GROUP, VERSION, PLURAL = "sharepack.io", "v1alpha1", "nodegpustates"
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from aiohttp import ClientSession
 
-from sandbox import apiserver_openapi as openapi
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver import openapi
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 
 async def _get(server: FakeApiServer, path: str) -> tuple[int, Any]:

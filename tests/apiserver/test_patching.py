@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from sandbox import apiserver_openapi as openapi
-from sandbox import apiserver_patching as patching
-from sandbox import apiserver_resources as kinds
+from sharepack.sandbox.apiserver import openapi
+from sharepack.sandbox.apiserver import patching
+from sharepack.sandbox.apiserver import resources as kinds
 
 POD: dict[str, Any] = {
     "metadata": {"name": "p", "finalizers": ["a/x", "b/y"]},

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from aiohttp import ClientSession
 
-from sandbox import apiserver_protobuf as protobuf
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver import protobuf
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 
 def _varint(n: int) -> bytes:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from common import state as gpustate
+from sharepack.common import state as gpustate
 from tests.apiserver.endpoints import TABLE, Endpoint
 
 

@@ -11,8 +11,8 @@ import pytest
 import urllib3
 from kubernetes import client, watch
 
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 
 def _pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -21,11 +21,11 @@ import pytest
 import yaml
 from aiohttp import web
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 SHARED = "nvidia.com/gpu.shared"
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def kubeconfig(server: FakeApiServer, tmp_short: Path) -> Path:
 
 async def sharepack(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", *args, cwd=ROOT, env=env,
+        sys.executable, "-m", "sharepack.cli", *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), DEADLINE_S)
@@ -149,7 +149,7 @@ async def test_stale_after_zero_counts_every_readable_node(kubeconfig: Path) -> 
 
 async def test_status_watch_redraws_on_a_change(server: FakeApiServer, kubeconfig: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "--kubeconfig", str(kubeconfig), "status", "--watch", "-o", "json",
+        sys.executable, "-m", "sharepack.cli", "--kubeconfig", str(kubeconfig), "status", "--watch", "-o", "json",
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -203,7 +203,7 @@ async def extender(server: FakeApiServer, kubeconfig: Path, tmp_short: Path) -> 
     port = free_port()
     log = (tmp_short / "extender.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "extender", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig),
+        sys.executable, "-m", "sharepack.extender", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig),
         "--insecure-http", f"--state-max-age-seconds={MAX_AGE_S}",
         "--node-policy", "packed", cwd=ROOT, stdout=log, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip

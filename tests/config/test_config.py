@@ -12,10 +12,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import config
-from common.config import UNSET, Config, ReplicatedResource, load_config
-from common.errors import ConfigError
-from common.policies import MigStrategy, Policy, Sharing
+from sharepack.common import config
+from sharepack.common.config import UNSET, Config, ReplicatedResource, load_config
+from sharepack.common.errors import ConfigError
+from sharepack.common.policies import MigStrategy, Policy, Sharing
 
 GPU_UUID = "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"
 MIG_UUID = "MIG-3eb87630-93d5-b2b6-b8ff-9b359caf4ee2"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common import config
-from common.errors import ConfigError
-from common.policies import Policy, Sharing
+from sharepack.common import config
+from sharepack.common.errors import ConfigError
+from sharepack.common.policies import Policy, Sharing
 
 PACKED = "flags: {plugin: {sharedDevicesAllocationPolicy: packed}}"
 SHARED = "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}"

@@ -21,10 +21,10 @@ import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.nvmlsim import control_line
-from common.devices import physical_key
-from sandbox.apiserver import FakeApiServer
-from sandbox.kubelet import FakeKubelet
+from sharepack.agent.nvmlsim import control_line
+from sharepack.common.devices import physical_key
+from sharepack.sandbox.apiserver.server import FakeApiServer
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
 from tests.agent.harness import pod, stop_process
 from tests.agent.test_cli import _Lines
 from tests.agent.test_monitoring import agent_process
@@ -133,7 +133,7 @@ async def extender_metrics(root: Path) -> str:
         publish(api, "node-0", [(4, 1, ("p0",)), (4, 0, ())])
         kubeconfig = api.write_kubeconfig(root / "kubeconfig")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "extender", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig), "--insecure-http",
+            sys.executable, "-m", "sharepack.extender", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig), "--insecure-http",
             stderr=asyncio.subprocess.PIPE, cwd=ROOT,
         )  # fmt: skip
         assert proc.stderr is not None

@@ -21,9 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from common import config as agent_config
-from common import policies
-from extender.bindguard import UnscoredBinds
+from sharepack.common import config as agent_config
+from sharepack.common import policies
+from sharepack.extender.bindguard import UnscoredBinds
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -15,13 +15,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent import monitoring, nvml, nvmlsim
-from agent import options as agent_options
-from agent.metrics import AgentMetrics
-from common import addresses
-from common import config as agent_config
-from common import resources
-from common import state
+from sharepack.agent import monitoring, nvml, nvmlsim
+from sharepack.agent import options as agent_options
+from sharepack.agent.metrics import AgentMetrics
+from sharepack.common import addresses
+from sharepack.common import config as agent_config
+from sharepack.common import resources
+from sharepack.common import state
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sandbox.apiserver import FakeApiServer
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 
 @pytest.fixture

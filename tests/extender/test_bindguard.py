@@ -12,15 +12,15 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender.binding import BindError
-from extender.bindguard import Admitted, BindGuard, PodReader, Refusal, Rule, UnscoredBinds
-from extender.caches import ClusterView
-from extender.metrics import parse_text
-from extender.protocol import BindingArgs
-from extender.server import Extender
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.binding import BindError
+from sharepack.extender.bindguard import Admitted, BindGuard, PodReader, Refusal, Rule, UnscoredBinds
+from sharepack.extender.caches import ClusterView
+from sharepack.extender.metrics import parse_text
+from sharepack.extender.protocol import BindingArgs
+from sharepack.extender.server import Extender
 
 SHARED = "nvidia.com/gpu.shared"
 UID = "0b5e7c44-0000-4000-8000-00000000b1d0"
@@ -80,7 +80,7 @@ def binding(node: str = "node-used", *, uid: str = UID, name: str = "trainer") -
 
 def filtered(guard: BindGuard, doc: dict[str, Any], names: tuple[str, ...] = NODES) -> list[int]:
     """What /filter does: the view's verdict, recorded for the pod's UID."""
-    from common import podrequests
+    from sharepack.common import podrequests
 
     request = guard.view.relevant(podrequests.decode_pod_request(doc))
     survivors, _, _ = guard.view.filter_nodes(names, request)

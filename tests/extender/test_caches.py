@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender.caches import ClusterView
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.caches import ClusterView
 
 SHARED = "nvidia.com/gpu.shared"
 
@@ -152,7 +152,7 @@ def test_the_scorer_is_rebuilt_only_for_the_node_that_changed() -> None:
 
 
 def test_requests_seen_by_filter_are_remembered_for_bind() -> None:
-    from common import podrequests
+    from sharepack.common import podrequests
 
     view = make()
     req = podrequests.decode_pod_request(pod_obj("p9", ""))
@@ -171,7 +171,7 @@ def test_a_resync_that_repeats_a_state_keeps_its_scorer_and_memo() -> None:
 
 
 def test_a_changed_node_is_scored_ahead_for_recently_seen_pod_shapes() -> None:
-    from common import podrequests
+    from sharepack.common import podrequests
 
     view = make()
     req = podrequests.decode_pod_request(pod_obj("p9", ""))
@@ -261,7 +261,7 @@ def test_a_pod_missing_from_a_relist_is_released() -> None:
 def test_a_pod_bound_by_another_replica_counts_where_its_directions_say() -> None:
     """Two extender replicas: the other one bound the pod and wrote its GPUs; the agent follows
     them, so this replica counts the pod there, not where it would have predicted it."""
-    from common import directions
+    from sharepack.common import directions
 
     view = make()
     obj = pod_obj("p1", "node-a")

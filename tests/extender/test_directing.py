@@ -7,10 +7,10 @@ from pathlib import Path
 
 from kubernetes import config
 
-from common import directions
-from extender.__main__ import Service, parse_args
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.common import directions
+from sharepack.extender.__main__ import Service, parse_args
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 from tests.extender.test_service import SHARED, allocated, call, create_pod, publish, synced, until
 
 

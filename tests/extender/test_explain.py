@@ -10,11 +10,11 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender.caches import ClusterView
-from extender.server import FAILED_PREFIX, Extender
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.caches import ClusterView
+from sharepack.extender.server import FAILED_PREFIX, Extender
 
 SHARED = "nvidia.com/gpu.shared"
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC).timestamp()

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from common import fragmentation
-from common.policies import NodePolicy
-from extender.__main__ import parse_args
-from extender.caches import ClusterView
-from extender.server import Extender
+from sharepack.common import fragmentation
+from sharepack.common.policies import NodePolicy
+from sharepack.extender.__main__ import parse_args
+from sharepack.extender.caches import ClusterView
+from sharepack.extender.server import Extender
 
 from tests.extender.test_http import SHARED, args_body, pod_json, post, state_obj
 

@@ -22,15 +22,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes import config
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender.__main__ import Options, Service, parse_args
-from extender.caches import ClusterView, observed_epoch
-from extender.metrics import parse_text
-from extender.server import Extender
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.__main__ import Options, Service, parse_args
+from sharepack.extender.caches import ClusterView, observed_epoch
+from sharepack.extender.metrics import parse_text
+from sharepack.extender.server import Extender
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 SHARED = "nvidia.com/gpu.shared"
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC).timestamp()
@@ -193,7 +193,7 @@ def test_a_state_without_a_readable_observed_at_is_stale() -> None:
 def test_going_stale_and_fresh_again_is_logged_once_each(caplog: pytest.LogCaptureFixture) -> None:
     clock = WallClock()
     view = make_view(clock)
-    caplog.set_level(logging.INFO, logger="extender.caches")
+    caplog.set_level(logging.INFO, logger="sharepack.extender.caches")
     assert view.sweep_stale() == 0
     clock.now = T0 + MAX_AGE + 1
     assert view.sweep_stale() == 2

@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender import protocol
-from extender.caches import ClusterView
-from extender.metrics import parse_text
-from extender.server import EXTENDER, Extender
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender import protocol
+from sharepack.extender.caches import ClusterView
+from sharepack.extender.metrics import parse_text
+from sharepack.extender.server import EXTENDER, Extender
 
 SHARED = "nvidia.com/gpu.shared"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.capacity import Capacity, capacity
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender.caches import ClusterView
-from extender.metrics import parse_text
+from sharepack.common.capacity import Capacity, capacity
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.caches import ClusterView
+from sharepack.extender.metrics import parse_text
 from tests.extender.test_caches import SHARED, pod_obj, state_obj
 
 MIG_1G = "nvidia.com/mig-1g.5gb"

@@ -1,4 +1,4 @@
-"""The real `python -m extender` process: the first SIGTERM drains, a second one exits at once."""
+"""The real `python -m sharepack.extender` process: the first SIGTERM drains, a second one exits at once."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ async def test_a_second_sigterm_exits_at_once_while_the_first_one_drains(tmp_sho
     log_file = tmp_short / "extender.log"
     with log_file.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "extender", "--listen", "127.0.0.1:0", "--insecure-http",
+            sys.executable, "-m", "sharepack.extender", "--listen", "127.0.0.1:0", "--insecure-http",
             stderr=log, env=env, cwd=REPO,
         )  # fmt: skip
     writer: asyncio.StreamWriter | None = None

@@ -17,13 +17,13 @@ import orjson
 import pytest
 from kubernetes import config
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from extender.__main__ import Options, Service, parse_args, run
-from extender.metrics import parse_text
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.__main__ import Options, Service, parse_args, run
+from sharepack.extender.metrics import parse_text
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 SHARED = "nvidia.com/gpu.shared"
 

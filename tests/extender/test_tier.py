@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.podrequests import ContainerKind, ContainerRequest, PodRequest
-from common.policies import Policy
-from extender.__main__ import parse_args
-from extender.caches import ClusterView
+from sharepack.common.podrequests import ContainerKind, ContainerRequest, PodRequest
+from sharepack.common.policies import Policy
+from sharepack.extender.__main__ import parse_args
+from sharepack.extender.caches import ClusterView
 from tests.extender.test_caches import SHARED, state_obj
 
 

@@ -13,9 +13,9 @@ import pytest
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
-from kube.reflecting import Key, Obj, Reflector
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.kube.reflecting import Key, Obj, Reflector
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 
 
 def _pod(server: FakeApiServer, name: str, node: str = "node-0") -> None:

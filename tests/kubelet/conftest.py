@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.kubelet import FakeKubelet
-from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
+from sharepack.sandbox.kubelet.stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
 
 @pytest.fixture
 def root() -> Iterator[Path]:

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import grpc
 import pytest
 
-from proto.deviceplugin.v1beta1 import api_pb2
-from sandbox.kubelet import AdmissionError, ContainerSpec, FakeKubelet, PodSpec, effective_requests
-from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
+from sharepack.proto.deviceplugin.v1beta1 import api_pb2
+from sharepack.sandbox.kubelet.devicemanager import AdmissionError, ContainerSpec, FakeKubelet, PodSpec, effective_requests
+from sharepack.sandbox.kubelet.stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
 
 
 def pod(uid: str, *containers: ContainerSpec, init: tuple[ContainerSpec, ...] = ()) -> PodSpec:

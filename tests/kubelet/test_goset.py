@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandbox import goset
+from sharepack.sandbox.kubelet import goset
 
 UUIDS = [f"GPU-{i:08x}-1111-4000-8000-000000000000" for i in range(8)]
 

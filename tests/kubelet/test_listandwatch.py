@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from sandbox.kubelet import FakeKubelet
-from sandbox.kubelet_pods import DeviceState
-from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
+from sharepack.sandbox.kubelet.pods import DeviceState
+from sharepack.sandbox.kubelet.stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
 
 
 async def test_each_message_replaces_the_whole_list(kubelet: FakeKubelet, registered: StubPlugin) -> None:

@@ -9,10 +9,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from proto.podresources.v1 import api_pb2, api_pb2_grpc
-from sandbox.kubelet import ContainerSpec, FakeKubelet, PodSpec
-from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, dev
-from sandbox.podresources_server import TokenBucket
+from sharepack.proto.podresources.v1 import api_pb2, api_pb2_grpc
+from sharepack.sandbox.kubelet.devicemanager import ContainerSpec, FakeKubelet, PodSpec
+from sharepack.sandbox.kubelet.stubplugin import RESOURCE, PluginFactory, dev
+from sharepack.sandbox.kubelet.podresources import TokenBucket
 
 MAX_MESSAGE = 16 * 1024 * 1024  # what upstream clients allow
 

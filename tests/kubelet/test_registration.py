@@ -9,9 +9,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from sandbox import kubelet_validation as validation
-from sandbox.kubelet import FakeKubelet
-from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
+from sharepack.sandbox.kubelet import validation
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
+from sharepack.sandbox.kubelet.stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from sandbox.kubelet import ContainerSpec, FakeKubelet, PodSpec
-from sandbox.kubelet_stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
+from sharepack.sandbox.kubelet.devicemanager import ContainerSpec, FakeKubelet, PodSpec
+from sharepack.sandbox.kubelet.stubplugin import RESOURCE, PluginFactory, StubPlugin, dev
 
 
 def is_socket(path: Path) -> bool:

@@ -1,4 +1,4 @@
-"""`python -m agent.gpucheck` and `scripts/gpu-check`: the prepared check of the real-driver path.
+"""`python -m sharepack.agent.gpucheck` and `scripts/gpu-check`: the prepared check of the real-driver path.
 
 Without a GPU, the report is checked on a simulated machine through the same adapter, and the
 script's refusal without a driver is checked for real.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import gpucheck, nvml
+from sharepack.agent import gpucheck, nvml
 from tests.nvml.driver import driver_present
 
 REPO = Path(__file__).resolve().parents[2]

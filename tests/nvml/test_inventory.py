@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import nvml
-from agent.nvmlsim import builtin_names
-from common.inventory import Inventory
+from sharepack.agent import nvml
+from sharepack.agent.nvmlsim import builtin_names
+from sharepack.common.inventory import Inventory
 
 VECTORS = Path(__file__).parent / "vectors"
 

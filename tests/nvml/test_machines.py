@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import nvml
-from agent.nvmlsim import MachineError, load_machine
+from sharepack.agent import nvml
+from sharepack.agent.nvmlsim import MachineError, load_machine
 
 GOOD_GPU = "{pci_bus_id: '00000000:07:00.0'}"
 
@@ -130,7 +130,7 @@ gpus:
 
 
 def test_the_cli_lists_and_shows_machines(capsys: pytest.CaptureFixture[str]) -> None:
-    from agent.nvmlsim.__main__ import main
+    from sharepack.agent.nvmlsim.__main__ import main
 
     assert main(["list"]) == 0
     listed = capsys.readouterr().out

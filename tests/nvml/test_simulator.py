@@ -11,8 +11,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent import nvml
-from agent.nvmlsim import SimulatedNvml, load_machine
+from sharepack.agent import nvml
+from sharepack.agent.nvmlsim import SimulatedNvml, load_machine
 from tests.nvml.driver import driver_present
 
 

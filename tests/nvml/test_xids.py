@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import nvml
-from agent.nvmlsim import SimulatedNvml, control_line
-from common.inventory import Inventory
+from sharepack.agent import nvml
+from sharepack.agent.nvmlsim import SimulatedNvml, control_line
+from sharepack.common.inventory import Inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def test_another_process_injects_through_the_control_file(tmp_path: Path) -> Non
         uuid = nvml.read_inventory(lib).gpus[2].uuid
         with nvml.XidWatcher(lib) as watcher:
             subprocess.run(
-                [sys.executable, "-m", "agent.nvmlsim", "xid", "--control", str(control),
+                [sys.executable, "-m", "sharepack.agent.nvmlsim", "xid", "--control", str(control),
                  uuid, "79"],
                 cwd=ROOT, check=True, timeout=30,
             )

@@ -16,17 +16,17 @@ from typing import Any
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
-from agent import configwatching, publishing
-from agent.reloading import ConfigReloader
-from agent.running import Agent, Settings
-from common import state as schema
-from common.config import Config, load_config
-from common.inventory import Gpu, Inventory
-from common.state import NodeState
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
-from sandbox.kubelet import FakeKubelet
-from sandbox.kubelet_pods import ContainerSpec, PodSpec
+from sharepack.agent import configwatching, publishing
+from sharepack.agent.reloading import ConfigReloader
+from sharepack.agent.running import Agent, Settings
+from sharepack.common import state as schema
+from sharepack.common.config import Config, load_config
+from sharepack.common.inventory import Gpu, Inventory
+from sharepack.common.state import NodeState
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
+from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
+from sharepack.sandbox.kubelet.pods import ContainerSpec, PodSpec
 
 NODE = "node-0"
 SHARED = "nvidia.com/gpu"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.configwatching import ConfigSource
-from common.config import NODE_CONFIG_LABEL
-from common.policies import Policy
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
+from sharepack.agent.configwatching import ConfigSource
+from sharepack.common.config import NODE_CONFIG_LABEL
+from sharepack.common.policies import Policy
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
 from tests.publishing.harness import NODE, config, gpus, held, node, time_slicing, wait_object
 
 CONFIGMAP = "sharepack-agent-config"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from common.policies import Policy
-from sandbox import apiserver_resources as kinds
+from sharepack.common.policies import Policy
+from sharepack.sandbox.apiserver import resources as kinds
 from tests.publishing.harness import NODE, config, gpus, held, node, pods_of, time_slicing
 
 
@@ -91,7 +91,7 @@ async def test_no_write_happens_when_nothing_changed() -> None:
 async def test_an_api_outage_does_not_stop_allocation_and_the_state_catches_up(
     mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.publishing")
+    caplog.set_level(logging.WARNING, logger="sharepack.agent.publishing")
     async with node(config(time_slicing(4)), gpus(2)) as n:
         await n.wait_state(lambda s: True)
         # pods exist in the API before the outage; the kubelet starts them during it
@@ -122,7 +122,7 @@ async def test_a_deleted_object_is_written_again() -> None:
 
 
 async def test_devices_of_a_pod_the_kubelet_rejects_after_allocate_are_not_kept() -> None:
-    from sandbox.kubelet_pods import AdmissionError, ContainerSpec, PodSpec
+    from sharepack.sandbox.kubelet.pods import AdmissionError, ContainerSpec, PodSpec
 
     async with node(config(time_slicing(2)), gpus(1)) as n:
         await n.wait_state(lambda s: True)
@@ -143,8 +143,8 @@ async def test_devices_of_a_pod_the_kubelet_rejects_after_allocate_are_not_kept(
 
 
 async def test_a_restarted_publisher_does_not_rewrite_an_unchanged_state() -> None:
-    from agent import publishing
-    from agent.podresources import PodResourcesClient
+    from sharepack.agent import publishing
+    from sharepack.agent.podresources import PodResourcesClient
 
     async with node(config(time_slicing(2)), gpus(1)) as n:
         uid = await n.start_pod("p0")
@@ -241,7 +241,7 @@ async def test_unhealthy_devices_are_published() -> None:
 
 
 async def test_devices_a_finished_init_container_still_holds_are_published() -> None:
-    from sandbox.kubelet_pods import ContainerSpec, PodSpec
+    from sharepack.sandbox.kubelet.pods import ContainerSpec, PodSpec
 
     async with node(config(time_slicing(4, "packed")), gpus(2)) as n:
         await n.wait_state(lambda s: True)

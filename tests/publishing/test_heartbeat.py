@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent import publishing
-from agent.podresources import PodResourcesClient
-from common import statebuilding
-from common.state import NodeState, from_status
-from sandbox import apiserver_resources as kinds
+from sharepack.agent import publishing
+from sharepack.agent.podresources import PodResourcesClient
+from sharepack.common import statebuilding
+from sharepack.common.state import NodeState, from_status
+from sharepack.sandbox.apiserver import resources as kinds
 from tests.publishing.harness import FAST, NODE, Node, config, gpus, node, time_slicing
 
 

@@ -12,8 +12,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from agent.podresources import PodResourcesClient, PodResourcesError
-from proto.podresources.v1 import api_pb2, api_pb2_grpc
+from sharepack.agent.podresources import PodResourcesClient, PodResourcesError
+from sharepack.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 
 def _dev(resource: str, device_id: str, numa: int | None = None) -> api_pb2.ContainerDevices:
@@ -135,7 +135,7 @@ async def test_a_response_over_the_limit_is_an_error_not_a_rate_limit(
     canned.listing = api_pb2.ListPodResourcesResponse(pod_resources=[
         api_pb2.PodResources(name="big", namespace="ns", containers=[api_pb2.ContainerResources(name="c", devices=devices)])
     ])
-    monkeypatch.setattr("agent.podresources.MAX_RECEIVE_BYTES", 64 * 1024)
+    monkeypatch.setattr("sharepack.agent.podresources.MAX_RECEIVE_BYTES", 64 * 1024)
     async with PodResourcesClient(socket) as client:
         with pytest.raises(PodResourcesError, match="RESOURCE_EXHAUSTED"):
             await client.list()

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from agent import options
-from agent.__main__ import config_loader
-from agent.configwatching import ConfigSource
-from agent.reloading import ConfigReloader
-from common.config import Config
-from common.errors import ConfigError
-from common.policies import Policy
-from sandbox import apiserver_resources as kinds
+from sharepack.agent import options
+from sharepack.agent.__main__ import config_loader
+from sharepack.agent.configwatching import ConfigSource
+from sharepack.agent.reloading import ConfigReloader
+from sharepack.common.config import Config
+from sharepack.common.errors import ConfigError
+from sharepack.common.policies import Policy
+from sharepack.sandbox.apiserver import resources as kinds
 from tests.publishing.harness import config, gpus, node, time_slicing, wait_object
 from tests.publishing.test_configwatching import SOURCE, _label, _setup
 

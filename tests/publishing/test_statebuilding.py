@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from common import state as schema
-from common.config import load_config
-from common.inventory import Gpu, Inventory, MigDevice
-from common.policies import MigStrategy, Policy, Sharing
-from common.resources import Resource, build_resources
-from common.state import NodeState
-from common.statebuilding import (
+from sharepack.common import state as schema
+from sharepack.common.config import load_config
+from sharepack.common.inventory import Gpu, Inventory, MigDevice
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.resources import Resource, build_resources
+from sharepack.common.state import NodeState
+from sharepack.common.statebuilding import (
     PodDevices,
     app_allocations,
     build_node_state,

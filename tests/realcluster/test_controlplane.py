@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import kubebuild
-from sandbox.controlplane import RealControlPlane
+from sharepack.sandbox.controlplane import kubebuild
+from sharepack.sandbox.controlplane.plane import RealControlPlane
 from tests.conftest import real_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,8 +64,8 @@ OWNER = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from sandbox import kubebuild
-    from sandbox.controlplane import RealControlPlane
+    from sharepack.sandbox.controlplane import kubebuild
+    from sharepack.sandbox.controlplane.plane import RealControlPlane
 
     async def main():
         control = RealControlPlane(Path(sys.argv[1]), binaries=kubebuild.cached())
@@ -135,5 +135,5 @@ def test_a_failed_build_is_one_line_with_go_s_own_error(tmp_path: Path, monkeypa
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith("building the real control plane failed (go build exited 1")
-    assert "python -m sandbox.kubebuild" in message
+    assert "python -m sharepack.sandbox.controlplane.kubebuild" in message
     assert list((tmp_path / "cache" / "kube").glob(".building-*")) == []  # no half-built entry left

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from common import state as gpustate
-from common.policies import Policy
-from common.statebuilding import status_document
-from sandbox import controlplane
-from sandbox.controlplane import RealControlPlane
-from sandbox.identities import AGENT_DAEMONSET, Identities
+from sharepack.common import state as gpustate
+from sharepack.common.policies import Policy
+from sharepack.common.statebuilding import status_document
+from sharepack.sandbox.controlplane import plane as controlplane
+from sharepack.sandbox.controlplane.plane import RealControlPlane
+from sharepack.sandbox.controlplane.identities import AGENT_DAEMONSET, Identities
 
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
 NAMESPACE = "sharepack-system"

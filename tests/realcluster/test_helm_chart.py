@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.controlplane import RealControlPlane
+from sharepack.sandbox.controlplane.plane import RealControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "sharepack"

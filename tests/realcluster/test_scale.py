@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from common.policies import Policy
-from sandbox.scalecluster import NAMESPACE, ScaleCluster, gpu_pod
-from sandbox.fleet import synthetic_shapes, wait_for
+from sharepack.common.policies import Policy
+from sharepack.sandbox.drivers.scalecluster import NAMESPACE, ScaleCluster, gpu_pod
+from sharepack.sandbox.kubelet.fleet import synthetic_shapes, wait_for
 from tests.conftest import real_binaries
 from tests.scale import expected
 

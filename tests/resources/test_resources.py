@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import config as config_mod
-from common import devices as device_ids
-from common import resources
-from common.config import Config
-from common.errors import ResourceError
-from common.inventory import Gpu, Inventory, MigDevice
-from common.policies import Sharing
-from common.resources import Device, Resource, build_resources
-from sandbox.kubelet_validation import is_extended_resource_name
+from sharepack.common import config as config_mod
+from sharepack.common import devices as device_ids
+from sharepack.common import resources
+from sharepack.common.config import Config
+from sharepack.common.errors import ResourceError
+from sharepack.common.inventory import Gpu, Inventory, MigDevice
+from sharepack.common.policies import Sharing
+from sharepack.common.resources import Device, Resource, build_resources
+from sharepack.sandbox.kubelet.validation import is_extended_resource_name
 
 A100 = "NVIDIA A100-SXM4-40GB"
 PROFILES = {"1g.5gb": (1, 4864), "1g.5gb+me": (1, 4864), "2g.10gb": (2, 9984),

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common import allocation, devices
-from common.policies import Policy
+from sharepack.common import allocation, devices
+from sharepack.common.policies import Policy
 
 Counts = dict[str, tuple[int, frozenset[str]]]  # GPU key -> (allocated, pod UIDs)
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from common.policies import Policy
-from sandbox import controlplane
-from sandbox.apiserver import FakeApiServer
-from sandbox.apiwatch import ApiSession
-from sandbox.fleet import Fleet, synthetic_shapes
-from sandbox.scalecluster import gpu_pod
+from sharepack.common.policies import Policy
+from sharepack.sandbox.controlplane import plane as controlplane
+from sharepack.sandbox.apiserver.server import FakeApiServer
+from sharepack.sandbox.apiwatch import ApiSession
+from sharepack.sandbox.kubelet.fleet import Fleet, synthetic_shapes
+from sharepack.sandbox.drivers.scalecluster import gpu_pod
 from tests.scale import expected
 
 NS = "scale"

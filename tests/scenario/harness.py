@@ -1,8 +1,8 @@
 """Helpers for the end-to-end scenarios: the demo's sandbox, driven pod by pod, and what the
 published `NodeGpuState` objects, the kubelets and the extender's `/metrics` say about it.
 
-Everything runs through the real processes (one `python -m agent` per node, one
-`python -m extender`), started by `sandbox.demo.Sandbox`. Waits poll observable state (the API
+Everything runs through the real processes (one `python -m sharepack.agent` per node, one
+`python -m sharepack.extender`), started by `sandbox.demo.Sandbox`. Waits poll observable state (the API
 objects, the extender's metrics, the kubelet) against generous deadlines: the machine is shared
 and often loaded, and a deadline only bounds a failure, it never orders events.
 """
@@ -25,13 +25,13 @@ from typing import Any, TypeVar
 import aiohttp
 import kubernetes
 
-from common import devices, podrequests, scoring
-from common import state as gpustate
-from common.errors import StateSchemaError
-from common.policies import Policy
-from sandbox import demo
-from sandbox.demo import SHARED_RESOURCE, Sandbox, Wave, Workload
-from sandbox.nodes import SimulatedNode
+from sharepack.common import devices, podrequests, scoring
+from sharepack.common import state as gpustate
+from sharepack.common.errors import StateSchemaError
+from sharepack.common.policies import Policy
+from sharepack.sandbox.drivers import demo
+from sharepack.sandbox.drivers.demo import SHARED_RESOURCE, Sandbox, Wave, Workload
+from sharepack.sandbox.kubelet.nodes import SimulatedNode
 
 MACHINE = "t4-pcie"  # 4 GPUs, no MIG
 REPLICAS = 4  # time-slicing replicas per GPU

@@ -18,9 +18,9 @@ from collections import Counter
 
 import pytest
 
-from common.policies import Policy
-from sandbox import demo
-from sandbox.demo import Wave
+from sharepack.common.policies import Policy
+from sharepack.sandbox.drivers import demo
+from sharepack.sandbox.drivers.demo import Wave
 from tests.conftest import real_binaries
 from tests.scenario.harness import (
     REPLICAS,

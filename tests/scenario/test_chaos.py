@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from sandbox import chaos
+from sharepack.sandbox.drivers import chaos
 
 CLOSING = re.compile(
     r"^soak: (\d+) s, (\d+) faults, (\d+) invariant violations, predictions matched (\d+)/(\d+) \(([\d.]+) %\)$", re.M
@@ -21,7 +21,7 @@ ROW = re.compile(r"^([a-z-]+)\s+(\d+)\s+(\d+)$", re.M)
 @pytest.mark.timeout(420)
 def test_a_minute_of_churn_and_faults_breaks_no_invariant() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sandbox.chaos", "--duration", "60", "--seed", "1"],
+        [sys.executable, "-m", "sharepack.sandbox.drivers.chaos", "--duration", "60", "--seed", "1"],
         capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     out = done.stdout

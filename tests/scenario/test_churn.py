@@ -22,9 +22,9 @@ from typing import Any
 import kubernetes
 import pytest
 
-from common.policies import Policy
-from sandbox import demo
-from sandbox.demo import Sandbox, Workload
+from sharepack.common.policies import Policy
+from sharepack.sandbox.drivers import demo
+from sharepack.sandbox.drivers.demo import Sandbox, Workload
 from tests.scenario.harness import (
     MACHINE,
     REPLICAS,

@@ -20,8 +20,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from common import state as gpustate
-from sandbox import demo
+from sharepack.common import state as gpustate
+from sharepack.sandbox.drivers import demo
 from tests.conftest import real_binaries
 from tests.scenario.harness import children, processes_mentioning, unix_sockets_under
 
@@ -212,7 +212,7 @@ def test_keep_running_serves_a_cluster_a_user_drives_and_ctrl_c_stops_everything
     ]  # fmt: skip
     # Ctrl-C reaches the whole foreground process group: the demo and its agents and extender.
     with subprocess.Popen(
-        [sys.executable, "-m", "sandbox.demo", *argv],
+        [sys.executable, "-m", "sharepack.sandbox.drivers.demo", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
     ) as proc:  # fmt: skip
@@ -277,7 +277,7 @@ def check_keep_running_then_interrupt(proc: subprocess.Popen[bytes], roots: list
         assert printed_explain, out
         args = printed_explain.group(1).replace(" POD ", " user-pod ").split()
         explained = subprocess.run(
-            [sys.executable, "-m", "cli", *args, "-o", "json"], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "sharepack.cli", *args, "-o", "json"], capture_output=True, text=True, timeout=60
         )  # fmt: skip
         assert explained.returncode == 0, explained.stderr
         assert json.loads(explained.stdout)["boundTo"] == "node-0"
@@ -337,7 +337,7 @@ def cmdline(pid: int) -> str:
 
 
 def test_sigterm_mid_run_stops_the_stack_like_ctrl_c() -> None:
-    demo_cmd = [sys.executable, "-m", "sandbox.demo", "--nodes", "1", "--policy", "packed"]
+    demo_cmd = [sys.executable, "-m", "sharepack.sandbox.drivers.demo", "--nodes", "1", "--policy", "packed"]
     stack: dict[int, str] = {}
     root: Path | None = None
     with subprocess.Popen(

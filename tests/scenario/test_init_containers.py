@@ -24,10 +24,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from common import podrequests, scoring
-from common.policies import Policy
-from sandbox import demo
-from sandbox.demo import SHARED_RESOURCE, Sandbox, Workload
+from sharepack.common import podrequests, scoring
+from sharepack.common.policies import Policy
+from sharepack.sandbox.drivers import demo
+from sharepack.sandbox.drivers.demo import SHARED_RESOURCE, Sandbox, Workload
 from tests.scenario.harness import (
     MACHINE,
     REPLICAS,

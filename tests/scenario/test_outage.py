@@ -20,15 +20,15 @@ from typing import Any
 import kubernetes
 import pytest
 
-from common import podrequests, scoring
-from common import state as gpustate
-from common.policies import Policy
-from sandbox import apiserver_resources as kinds
-from sandbox import demo
-from sandbox.apiserver import PauseMode
-from sandbox.demo import SHARED_RESOURCE, Sandbox, Workload
-from sandbox.kubelet_pods import Admission
-from sandbox.nodes import SimulatedNode, pod_spec_from_api
+from sharepack.common import podrequests, scoring
+from sharepack.common import state as gpustate
+from sharepack.common.policies import Policy
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.drivers import demo
+from sharepack.sandbox.apiserver.server import PauseMode
+from sharepack.sandbox.drivers.demo import SHARED_RESOURCE, Sandbox, Workload
+from sharepack.sandbox.kubelet.pods import Admission
+from sharepack.sandbox.kubelet.nodes import SimulatedNode, pod_spec_from_api
 from tests.scenario.harness import (
     MACHINE,
     REPLICAS,

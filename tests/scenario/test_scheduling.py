@@ -15,8 +15,8 @@ import kubernetes
 import pytest
 from aiohttp import web
 
-from sandbox.apiserver import FakeApiServer
-from sandbox.scheduling import ExtenderConfig, SchedulerDriver
+from sharepack.sandbox.apiserver.server import FakeApiServer
+from sharepack.sandbox.scheduling import ExtenderConfig, SchedulerDriver
 
 RESOURCE = "nvidia.com/gpu.shared"
 Answer = Callable[[dict[str, Any]], web.Response]

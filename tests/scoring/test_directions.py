@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import directions, scoring
-from common.directions import ContainerDirections, Directions
-from common.errors import DirectionsError
+from sharepack.common import directions, scoring
+from sharepack.common.directions import ContainerDirections, Directions
+from sharepack.common.errors import DirectionsError
 from tests.scoring.test_scoring import DISTRIBUTED, PACKED, SHARED, node, request
 
 # --- the per-container split ------------------------------------------------------------------

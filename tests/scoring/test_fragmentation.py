@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from common import fragmentation as fr
-from common import podrequests as pr
-from common import scoring
-from common.errors import ConfigError
-from common.policies import MigStrategy, NodePolicy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
+from sharepack.common import fragmentation as fr
+from sharepack.common import podrequests as pr
+from sharepack.common import scoring
+from sharepack.common.errors import ConfigError
+from sharepack.common.policies import MigStrategy, NodePolicy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
 
 SHARED = "nvidia.com/gpu.shared"
 # Two shapes, equal weight: a half GPU, and two whole GPUs.

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from common import podrequests as pr
-from common.errors import RequestError
+from sharepack.common import podrequests as pr
+from sharepack.common.errors import RequestError
 
 SHARED = "nvidia.com/gpu.shared"
 GPU = "nvidia.com/gpu"

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import podrequests as pr
-from common import scoring
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
+from sharepack.common import podrequests as pr
+from sharepack.common import scoring
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
 
 SHARED = "nvidia.com/gpu.shared"
 GPU = "nvidia.com/gpu"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from common import fragmentation as fr
-from common import scoring
-from common.policies import NodePolicy, Policy
+from sharepack.common import fragmentation as fr
+from sharepack.common import scoring
+from sharepack.common.policies import NodePolicy, Policy
 from tests.scoring.test_scoring import node, request
 
 SHARED = "nvidia.com/gpu.shared"

@@ -1,4 +1,4 @@
-"""The extender as a real process (`python -m extender`) serving mutual TLS, against the sandbox
+"""The extender as a real process (`python -m sharepack.extender`) serving mutual TLS, against the sandbox
 API server, with node states written straight into the API (no agents: these tests are about
 who may call the extender and what /bind binds, not about publication).
 
@@ -23,14 +23,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-from common import state as published
-from common.policies import MigStrategy, Policy, Sharing
-from common.state import GpuState, NodeState, ResourceState
-from sandbox import apiserver_resources as kinds
-from sandbox.apiserver import FakeApiServer
-from sandbox.certificates import TlsFiles, write_tls_files
-from sandbox.controlplane import free_port
-from sandbox.processes import LoggedProcess
+from sharepack.common import state as published
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.apiserver.server import FakeApiServer
+from sharepack.sandbox.controlplane.certificates import TlsFiles, write_tls_files
+from sharepack.sandbox.controlplane.plane import free_port
+from sharepack.sandbox.controlplane.processes import LoggedProcess
 
 SHARED = "nvidia.com/gpu.shared"
 WAIT_S = 30.0  # generous: a deadline only bounds a failure
@@ -78,7 +78,7 @@ class ExtenderProcess:
 async def start_extender(root: Path, kubeconfig: Path, tls: TlsFiles, *extra: str) -> ExtenderProcess:
     port, probes = free_port(), free_port()
     process = LoggedProcess(
-        [sys.executable, "-m", "extender", f"--listen=127.0.0.1:{port}", f"--metrics-listen=127.0.0.1:{probes}",
+        [sys.executable, "-m", "sharepack.extender", f"--listen=127.0.0.1:{port}", f"--metrics-listen=127.0.0.1:{probes}",
          f"--kubeconfig={kubeconfig}", "--log-format=text", *tls.extender_args(), *extra],
         root / f"extender-{port}.log",
     )  # fmt: skip

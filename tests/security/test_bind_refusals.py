@@ -16,8 +16,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from sandbox import apiserver_resources as kinds
-from sandbox.scheduling import ExtenderConfig, SchedulerDriver
+from sharepack.sandbox.apiserver import resources as kinds
+from sharepack.sandbox.scheduling import ExtenderConfig, SchedulerDriver
 from tests.security.stack import SHARED, Stack, create_pod, metrics, node_of, stack, start_extender, wait_caches
 
 pytestmark = pytest.mark.timeout(120)

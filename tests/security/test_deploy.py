@@ -20,7 +20,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from extender.__main__ import tls_context
+from sharepack.extender.__main__ import tls_context
 from tests.security.stack import SERVED, tls_exchange, tls_server
 
 ROOT = Path(__file__).resolve().parents[2]

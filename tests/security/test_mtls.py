@@ -1,6 +1,6 @@
 """Only kube-scheduler talks to the extender: the verbs are served over mutual TLS, and a client
 without a certificate, or with one another CA signed, is turned away in the TLS layer before any
-HTTP is read. The extender runs as a real process (`python -m extender`, as deployed: TLS flags,
+HTTP is read. The extender runs as a real process (`python -m sharepack.extender`, as deployed: TLS flags,
 --metrics-listen); the client side is raw TLS, so each refusal is pinned to where it happens.
 
 TLS 1.2 checks the client certificate inside the handshake; TLS 1.3 finishes the client's side
@@ -21,8 +21,8 @@ import aiohttp
 import orjson
 import pytest
 
-from extender.__main__ import Options, Service, main, tls_context
-from sandbox.certificates import write_tls_files
+from sharepack.extender.__main__ import Options, Service, main, tls_context
+from sharepack.sandbox.controlplane.certificates import write_tls_files
 from tests.security.stack import SERVED, Stack, create_pod, http_request, metrics, node_of, stack, tls_exchange, tls_server
 from tests.security.stack import client_context as tls_client
 
@@ -164,7 +164,7 @@ async def test_plain_http_is_served_only_with_a_warning(caplog: pytest.LogCaptur
 
 
 def test_the_help_names_the_security_flags() -> None:
-    usage = subprocess.run([sys.executable, "-m", "extender", "--help"], capture_output=True, text=True,
+    usage = subprocess.run([sys.executable, "-m", "sharepack.extender", "--help"], capture_output=True, text=True,
                            timeout=60, check=True).stdout  # fmt: skip
     for flag in ("--client-ca-file", "--insecure-http", "--metrics-listen", "--scheduler-name", "--unscored-binds"):
         assert flag in usage

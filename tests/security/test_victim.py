@@ -19,10 +19,10 @@ import aiohttp
 import kubernetes
 import pytest
 
-from common.policies import Policy
-from extender.metrics import parse_text
-from sandbox import demo
-from sandbox.demo import Sandbox, Workload
+from sharepack.common.policies import Policy
+from sharepack.extender.metrics import parse_text
+from sharepack.sandbox.drivers import demo
+from sharepack.sandbox.drivers.demo import Sandbox, Workload
 from tests.conftest import real_binaries
 
 pytestmark = pytest.mark.timeout(240)  # the real control plane takes a while to start

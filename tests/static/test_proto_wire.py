@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from google.protobuf.descriptor import FileDescriptor
 
-from proto.deviceplugin.v1beta1 import api_pb2 as dp
-from proto.podresources.v1 import api_pb2 as pr
+from sharepack.proto.deviceplugin.v1beta1 import api_pb2 as dp
+from sharepack.proto.podresources.v1 import api_pb2 as pr
 
 DEVICE_PLUGIN: dict[str, dict[str, int]] = {
     "DevicePluginOptions": {"pre_start_required": 1, "get_preferred_allocation_available": 2},

@@ -35,7 +35,7 @@ def test_mypy_strict_passes() -> None:
 
 
 def test_generated_protobuf_modules_are_fresh() -> None:
-    result = _run(sys.executable, "-m", "proto.generate", "--check")
+    result = _run(sys.executable, "-m", "sharepack.proto.generate", "--check")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

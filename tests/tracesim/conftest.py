@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tracesim import traces
-from tracesim.clusters import Cluster
-from tracesim.fragmentation import FragModel
-from tracesim.workloads import typical_workload
+from sharepack.tracesim import traces
+from sharepack.tracesim.clusters import Cluster
+from sharepack.tracesim.fragmentation import FragModel
+from sharepack.tracesim.workloads import typical_workload
 
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracesim import baselines
-from tracesim.clusters import Cluster, Request
+from sharepack.tracesim import baselines
+from sharepack.tracesim.clusters import Cluster, Request
 
 A, B, C, D = 0, 1, 2, 3
 
@@ -77,8 +77,8 @@ def test_fgd_closes_a_gpu_rather_than_opening_one(small_cluster: Cluster) -> Non
 
 
 def test_equal_scores_go_to_the_first_node_in_the_cluster_order(small: tuple) -> None:  # type: ignore[type-arg]
-    from tracesim.fragmentation import FragModel
-    from tracesim.workloads import typical_workload
+    from sharepack.tracesim.fragmentation import FragModel
+    from sharepack.tracesim.workloads import typical_workload
 
     pods, nodes = small
     fm = FragModel.build(typical_workload(pods, threshold=1.0), nodes)

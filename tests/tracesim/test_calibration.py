@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracesim import policies, reporting, running, traces
+from sharepack.tracesim import policies, reporting, running, traces
 
 # Seed 42 of our replay; the study's ten-seed means for comparison (README calibration table).
 PINNED = {"random": (13.40, 12.26), "bestfit": (6.95, 6.71)}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tracesim import reporting
-from tracesim.__main__ import main
+from sharepack.tracesim import reporting
+from sharepack.tracesim.__main__ import main
 
 STUDY_HEADER = ["workload", "sc_policy", "tune", "seed", "total_gpus", *[str(k) for k in range(131)]]
 

@@ -12,13 +12,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from common import fragmentation as fr
-from tracesim import fragaware, policies, replaying, running, traces, workloads
-from tracesim.baselines import Choice
-from tracesim.clusters import Cluster, Request
-from tracesim.fragmentation import FragModel
-from tracesim.traces import MILLI
-from tracesim.workloads import Shape, TypicalWorkload
+from sharepack.common import fragmentation as fr
+from sharepack.tracesim import fragaware, policies, replaying, running, traces, workloads
+from sharepack.tracesim.baselines import Choice
+from sharepack.tracesim.clusters import Cluster, Request
+from sharepack.tracesim.fragmentation import FragModel
+from sharepack.tracesim.traces import MILLI
+from sharepack.tracesim.workloads import Shape, TypicalWorkload
 
 # A typical workload with CPU-only, share, whole and multi-GPU shapes, and model constraints.
 TYPICAL = TypicalWorkload(

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracesim import traces
-from tracesim.fragmentation import FragModel
-from tracesim.workloads import Shape, TypicalWorkload
+from sharepack.tracesim import traces
+from sharepack.tracesim.fragmentation import FragModel
+from sharepack.tracesim.workloads import Shape, TypicalWorkload
 
 TYPICAL = TypicalWorkload(
     shapes=(Shape(4000, 500, 1, ""), Shape(8000, 0, 0, ""), Shape(4000, 1000, 1, "T4")),

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracesim import kubescheduler as ks
-from tracesim import policies, traces
-from tracesim.__main__ import main
-from tracesim.clusters import Cluster, Request
-from tracesim.errors import PolicyError
-from tracesim.fragmentation import FragModel
-from tracesim.workloads import typical_workload
+from sharepack.tracesim import kubescheduler as ks
+from sharepack.tracesim import policies, traces
+from sharepack.tracesim.__main__ import main
+from sharepack.tracesim.clusters import Cluster, Request
+from sharepack.tracesim.errors import PolicyError
+from sharepack.tracesim.fragmentation import FragModel
+from sharepack.tracesim.workloads import typical_workload
 
 REPO = Path(__file__).resolve().parents[2]
 SHARE = Request(index=0, cpu=4000, cpu_score=4000, memory=8192, num_gpu=1, milli=500, spec="")

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from tracesim.metrics import bin_run
-from tracesim.replaying import RunResult
+from sharepack.tracesim.metrics import bin_run
+from sharepack.tracesim.replaying import RunResult
 
 
 def run(arrived: list[int], used: list[int], total_gpus: int = 10) -> RunResult:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracesim import metrics, policies, replaying, traces, workloads
-from tracesim.fragmentation import FragModel
-from tracesim.sharing import ShareModel
+from sharepack.tracesim import metrics, policies, replaying, traces, workloads
+from sharepack.tracesim.fragmentation import FragModel
+from sharepack.tracesim.sharing import ShareModel
 
 NODES = 80
 

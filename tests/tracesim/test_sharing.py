@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.policies import Policy
-from tracesim import sharing
-from tracesim.clusters import Cluster, Request
-from tracesim.errors import PolicyError
-from tracesim.sharing import FULL, SHARED, ShareModel
+from sharepack.common.policies import Policy
+from sharepack.tracesim import sharing
+from sharepack.tracesim.clusters import Cluster, Request
+from sharepack.tracesim.errors import PolicyError
+from sharepack.tracesim.sharing import FULL, SHARED, ShareModel
 
 A, B, C, D = 0, 1, 2, 3
 

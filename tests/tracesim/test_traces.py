@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tracesim import traces
-from tracesim.errors import TraceError
+from sharepack.tracesim import traces
+from sharepack.tracesim.errors import TraceError
 
 PodLines = Callable[[list[tuple[str, int, int, int, int, str]]], str]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracesim import traces, workloads
+from sharepack.tracesim import traces, workloads
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 """Builds helm from the Go module next to this file, once, and prints the binary's path.
 
 The binary is cached under ~/.cache/sharepack/helm/<sha256 of go.mod + go.sum>/helm ($SHAREPACK_CACHE
-instead of ~/.cache/sharepack, as for the control plane sandbox/kubebuild.py builds), so a new pin
+instead of ~/.cache/sharepack, as for the control plane sharepack/sandbox/controlplane/kubebuild.py builds), so a new pin
 builds a new binary and an unchanged one is reused by every test run and every worktree. Failure
 (no Go, a failed build) is one line on stderr and exit status 1.
 

@@ -1,0 +1,279 @@
+"""GPU fragmentation of a node, and the fragmentation gradient of placing a pod there.
+
+The measure is the one of the FGD study ("Beware of Fragmentation", USENIX ATC '23), over a
+*typical workload*: the pod shapes (GPU count, per-GPU share) that make up most of the pods,
+each with a weight (how often it occurs). For one node and one shape s, the node's idle GPU
+share counts as fragment when s cannot run there at all (s needs no GPU, the node does not
+admit s for another reason, or fewer than `gpus` GPUs have s's share free); when s can run,
+only the GPUs with less than s's share free are fragment. The node's fragmentation is the
+weight-averaged fragment over the shapes, in milli-GPU.
+
+A placement's *gradient* is the node's fragmentation before minus after: positive when the pod
+closes a fragment, negative when it opens one. The FGD policy scores 100 x sigmoid(gradient /
+1000), truncated; ours (`fragaware`) uses that score first, then the GPU left with the least
+spare share (best fit), see `placement_rank`. The extender maps the gradient onto its 0..10
+scale with `extender_score`.
+
+Shares are integers in milli-GPU (1000 = a whole GPU), so that "fits" never depends on float
+rounding; integer weights keep the sums exact, so equal states compare equal wherever they are
+evaluated (the truncated scores depend on exact ties). Everything here is pure Python: the
+trace simulator and the extender call the same code.
+
+Callers that know more about a node than its GPUs (CPU left, GPU model) pass `admitted`: a
+bit mask over the workload's shapes, bit i set when the node could run shape i apart from GPU
+room. The default admits every shape. Shapes may carry CPU and memory (`Shape.cpu`, `.memory`):
+`Fragmentation.admitted(cpu_left, memory_left)` is the mask of the shapes a node's CPU and
+memory still admit, so GPUs a node can no longer use for lack of CPU count as fragment.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+import yaml
+
+from sharepack.common.errors import ConfigError
+
+MILLI = 1000
+ALL_ADMITTED = -1  # every bit set: every shape admitted
+# `placement_rank`: below 1, so the leftover only ever breaks ties between equal FGD scores.
+LEFTOVER_WEIGHT = 0.5
+# `extender_score`: 10 x sigmoid(gradient / 100); about one point per 40 milli-GPU of change
+# near zero, saturating beyond +-400 milli (a fragment of a few tenths of a GPU is already bad).
+EXTENDER_SCALE_MILLI = 100.0
+_NOISE = 1e-6  # float noise below this is no change (exact sums give exactly 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    gpus: int  # GPUs per pod (0: a pod that needs no GPU)
+    milli: int  # per-GPU share, 1..1000 milli-GPU (0 with gpus == 0)
+    weight: float  # how often it occurs (any unit: counts keep sums exact)
+    # What the shape needs besides GPUs (milli-CPU, MiB; 0: nothing). A node whose CPU or
+    # memory left is short of it cannot run the shape, so its idle GPUs are fragment for it
+    # (FGD counts GPUs stranded by CPU so); see `Fragmentation.admitted`.
+    cpu: int = 0
+    memory: int = 0
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.gpus > 0 and self.milli > 0
+
+
+@dataclass(frozen=True, slots=True)
+class TypicalWorkload:
+    shapes: tuple[Shape, ...]
+    source: str = ""  # where it came from, for logs
+
+    def __post_init__(self) -> None:
+        problems = _check_shapes(self.shapes)
+        if problems:
+            raise ConfigError(self.source or "typical workload", problems)
+
+    @property
+    def total_weight(self) -> float:
+        return sum(s.weight for s in self.shapes)
+
+
+def _check_shapes(shapes: Sequence[Shape]) -> list[str]:
+    problems = []
+    if not shapes:
+        problems.append("shapes: empty: a typical workload needs at least one pod shape")
+    for i, s in enumerate(shapes):
+        if s.gpus < 0 or s.gpus > 64:
+            problems.append(f"shapes[{i}].gpus: invalid value {s.gpus}: want 0..64")
+        if not 0 <= s.milli <= MILLI or (s.gpus > 0 and s.milli == 0):
+            problems.append(f"shapes[{i}].share: invalid value {s.milli / MILLI}: want 0 < share <= 1")
+        if not s.weight > 0 or math.isinf(s.weight):
+            problems.append(f"shapes[{i}].weight: invalid value {s.weight}: want a finite number > 0")
+    return problems
+
+
+# The default trace of the FGD study (Alibaba cluster-trace-gpu-v2023, openb_pod_list_default,
+# 8,152 pods) as the extender sees pods: GPU pods only, by (GPU count, per-GPU share), the most
+# frequent shapes until they cover 95 % of the GPU pods (the study's threshold), weighted by
+# their pod counts. (CPU and GPU model, which the study's shapes also carry, are not in a
+# NodeGpuState; CPU-only pods change no node's ranking.) Regenerate from another trace with
+# `--typical-workload FILE`.
+DEFAULT_TYPICAL_WORKLOAD = TypicalWorkload(
+    shapes=(
+        Shape(1, 1000, 3911),
+        Shape(1, 810, 1078),
+        Shape(1, 470, 750),
+        Shape(1, 320, 328),
+        Shape(1, 650, 253),
+        Shape(1, 230, 140),
+        Shape(1, 460, 128),
+        Shape(1, 590, 75),
+        Shape(1, 160, 74),
+    ),
+    source="built-in: FGD default trace (openb_pod_list_default), GPU pods, 95 % coverage",
+)
+
+
+def load_typical_workload(text: str, source: str) -> TypicalWorkload:
+    """A typical workload from YAML: `shapes: [{gpus: 1, share: 0.5, weight: 120}, ...]`.
+
+    `share` is the per-GPU fraction (0 < share <= 1, kept to milli-GPU); `gpus` defaults to 1.
+    Raises ConfigError naming every problem.
+    """
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(source, [f"not YAML: {e}"]) from e
+    raw = doc.get("shapes") if isinstance(doc, dict) else None
+    if not isinstance(raw, list):
+        raise ConfigError(source, ["shapes: missing: want a list of {gpus, share, weight}"])
+    shapes: list[Shape] = []
+    problems: list[str] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - {"gpus", "share", "weight"}:
+            problems.append(f"shapes[{i}]: invalid value {item!r}: want a mapping of gpus, share, weight")
+            continue
+        gpus, share, weight = item.get("gpus", 1), item.get("share"), item.get("weight")
+        if not isinstance(gpus, int) or isinstance(gpus, bool):
+            problems.append(f"shapes[{i}].gpus: invalid value {gpus!r}: want an integer")
+            continue
+        if not isinstance(share, int | float) or isinstance(share, bool):
+            problems.append(f"shapes[{i}].share: invalid value {share!r}: want a number in (0, 1]")
+            continue
+        if not isinstance(weight, int | float) or isinstance(weight, bool):
+            problems.append(f"shapes[{i}].weight: invalid value {weight!r}: want a number > 0")
+            continue
+        shapes.append(Shape(gpus, round(share * MILLI) if gpus else 0, weight))
+    problems.extend(_check_shapes(shapes) if not problems else [])
+    if problems:
+        raise ConfigError(source, problems)
+    return TypicalWorkload(tuple(shapes), source)
+
+
+class Fragmentation:
+    """The measure for one typical workload: precomputed shape data, memoised per node state.
+
+    A node state is its per-GPU free share (milli, any order: the measure does not depend on
+    which GPU is which) and the `admitted` mask. Memo entries are the weighted sums (exact with
+    integer weights); the table is dropped when it grows past `max_entries`.
+    """
+
+    __slots__ = ("workload", "total_weight", "_shapes", "_memo", "max_entries", "_needs", "_admitted")
+
+    def __init__(self, workload: TypicalWorkload, *, max_entries: int = 1 << 18) -> None:
+        self.workload = workload
+        self.total_weight = workload.total_weight
+        self._shapes = tuple((i, s.needs_gpu, s.gpus, s.milli, s.weight) for i, s in enumerate(workload.shapes))
+        self._memo: dict[tuple[tuple[int, ...], int], float] = {}
+        self.max_entries = max_entries
+        self._needs = tuple((i, s.cpu, s.memory) for i, s in enumerate(workload.shapes) if s.cpu or s.memory)
+        self._admitted: dict[tuple[int, int], int] = {}
+
+    def admitted(self, cpu_left: int, memory_left: int) -> int:
+        """The `admitted` mask of a node with `cpu_left` milli-CPU and `memory_left` MiB left:
+        every shape whose CPU and memory fit (shapes that need neither always do)."""
+        key = (cpu_left, memory_left)
+        mask = self._admitted.get(key)
+        if mask is None:
+            mask = ALL_ADMITTED
+            for i, cpu, memory in self._needs:
+                if cpu > cpu_left or memory > memory_left:
+                    mask &= ~(1 << i)
+            if len(self._admitted) >= self.max_entries:
+                self._admitted.clear()
+            self._admitted[key] = mask
+        return mask
+
+    def weighted(self, free: Sequence[int], admitted: int = ALL_ADMITTED) -> float:
+        """Sum over shapes of weight x fragment (milli); divide by `total_weight` for the amount."""
+        ordered = tuple(sorted(free))
+        key = (ordered, admitted)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        total = sum(ordered)
+        prefix = (0, *accumulate(ordered))  # prefix[i]: free share on the i smallest GPUs
+        n = len(ordered)
+        acc: float = 0
+        for i, needs_gpu, gpus, milli, weight in self._shapes:
+            if needs_gpu and (admitted >> i) & 1:
+                below = bisect_left(ordered, milli)  # GPUs with less than the share free
+                acc += weight * (prefix[below] if n - below >= gpus else total)
+            else:
+                acc += weight * total
+        if len(self._memo) >= self.max_entries:
+            self._memo.clear()
+        self._memo[key] = acc
+        return acc
+
+    def amount(self, free: Sequence[int], admitted: int = ALL_ADMITTED) -> float:
+        """The node's fragmentation, milli-GPU."""
+        return self.weighted(free, admitted) / self.total_weight
+
+    def gradient(
+        self,
+        before: Sequence[int],
+        after: Sequence[int],
+        admitted_before: int = ALL_ADMITTED,
+        admitted_after: int = ALL_ADMITTED,
+    ) -> float:
+        """Fragmentation before minus after a placement (milli-GPU; higher is better)."""
+        diff = self.weighted(before, admitted_before) - self.weighted(after, admitted_after)
+        return diff / self.total_weight
+
+    def best_share_gpu(
+        self, free: Sequence[int], milli: int, admitted_before: int = ALL_ADMITTED, admitted_after: int = ALL_ADMITTED
+    ) -> tuple[float, int] | None:
+        """`fragaware` on one node for a share of `milli` on one GPU: the best `placement_rank`
+        and the first GPU (index order) that reaches it; None when no GPU has room."""
+        best: tuple[float, int] | None = None
+        after = list(free)
+        for g, left in enumerate(free):
+            if left < milli:
+                continue
+            after[g] = left - milli
+            rank = placement_rank(self.gradient(free, after, admitted_before, admitted_after), left - milli)
+            after[g] = left
+            if best is None or rank > best[0]:
+                best = (rank, g)
+        return best
+
+
+def gradient_score(gradient: float) -> int:
+    """FGD's node score: 100 x sigmoid(gradient / 1000), truncated (0..100)."""
+    if abs(gradient) < _NOISE:
+        gradient = 0.0
+    # Clipped: beyond |50| the truncated score is 0 or 100 anyway, and exp() would overflow.
+    x = min(max(-gradient / 1000.0, -50.0), 50.0)
+    return math.trunc(100.0 / (1.0 + math.exp(x)))
+
+
+def placement_rank(gradient: float, leftover_milli: int) -> float:
+    """`fragaware`'s rank of one placement (higher wins): FGD's truncated score first, then the
+    least share left on the chosen GPU (0 for whole GPUs).
+
+    The truncation is deliberate: it groups placements whose effect on fragmentation is about
+    equal, and within a group a fixed node order fills nodes one after another (whole nodes stay
+    free for multi-GPU pods); best fit then sends a share where it closes a GPU.
+    """
+    return gradient_score(gradient) - LEFTOVER_WEIGHT * leftover_milli / MILLI
+
+
+def extender_score(gradient: float) -> int:
+    """The gradient on the extender's 0..10 scale: 10 x sigmoid(gradient / 100), rounded half up."""
+    if abs(gradient) < _NOISE:
+        gradient = 0.0
+    x = min(max(-gradient / EXTENDER_SCALE_MILLI, -50.0), 50.0)
+    return min(max(int(10.0 / (1.0 + math.exp(x)) + 0.5), 0), 10)
+
+
+_MEASURES: dict[TypicalWorkload, Fragmentation] = {}
+
+
+def measure_for(workload: TypicalWorkload) -> Fragmentation:
+    """The one memoised measure per workload (process-wide, so every caller shares its memo)."""
+    m = _MEASURES.get(workload)
+    if m is None:
+        m = _MEASURES[workload] = Fragmentation(workload)
+    return m

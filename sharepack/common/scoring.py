@@ -1,0 +1,593 @@
+"""Node scoring for GPU pods: predict where the node's agent puts the pod, then rank the node.
+
+Shared by the scheduler extender and the trace simulator, so both measure one implementation.
+
+Prediction
+----------
+The node's agent chooses devices with its own policy (`NodeState.allocation_policy`) through
+one greedy loop; `common.allocation.pick_gpus` is that loop over counts. We replay the kubelet's
+order (see `common.podrequests`): containers one by one, init containers first, each taking
+from the pod's reusable pool (devices of finished init containers) before asking for more. For
+each resource the loop sees, per physical GPU, `total` and `available = total - allocated -
+unhealthy - already taken by this pod`, exactly the counts the agent's loop would see, so on a
+serial stream of pods the predicted physical GPUs are those the agent then reports. (Full,
+unreplicated GPUs take the topology-aware path on the node, which the published counts cannot
+replay: for them the prediction is only which GPUs are free, and may differ.)
+
+Feasibility (filter)
+--------------------
+A node fails when it publishes none of a requested resource, has fewer free devices of it than
+the pod needs (free replicas, free MIG instances of that profile), or enforces
+`failRequestsGreaterThanOne` on a replicated resource while a container asks for more than one.
+
+Score (prioritize), 0..10
+-------------------------
+With `landed` the devices the pod would take, three terms in 0..1:
+
+* `reuse`   — share of the pod's devices that create no new fragment: they land on GPUs
+              already in use (any resource), or on a free GPU the pod fills completely. A
+              partly used GPU is the fragment that strands later whole-GPU requests; a pod
+              that takes exactly a whole GPU's worth of replicas fragments nothing by landing
+              on a free one.
+* `gpu_use` — share of the node's physical GPUs in use after the pod lands.
+              Higher means the pod goes to fuller nodes, so whole nodes stay free.
+* `fit`     — how full the GPUs the pod lands on are afterwards (device-weighted mean of
+              (allocated + unhealthy + landed) / total). A tie-breaker: best fit.
+
+`packed = 0.6 reuse + 0.3 gpu_use + 0.1 fit`, scaled to 0..10 and rounded half up.
+`distributed` (and `spread`, which has no different cluster-level meaning) score
+`10 - packed`: the exact reverse, preferring empty GPUs and emptier nodes.
+
+`fragaware` (`NodePolicy.FRAGAWARE`) scores the same predicted placement by the FGD study's
+fragmentation gradient instead: the node's fragmentation (`common.fragmentation`, over a typical
+workload, per-GPU free share = free / total) before minus after, as
+`round_half_up(10 x sigmoid(gradient / 100))`, so 5 is "no change" and nodes where the pod
+closes a fragment rank above nodes where it opens one.
+
+Fine rank and tier
+------------------
+`NodeScore.rank` is the policy's value before the rounding to 0..10 (`packed` and its reverse
+as above; `fragaware`'s `placement_rank`). kube-scheduler adds its own scores to ours and picks
+at random among the best totals, so 11 levels cannot choose a node on a large cluster; the
+extender's tier filter can: `best_tier` keeps the N best by rank, ties by a stable node order
+(the extender: names; the simulator: its node order). `fragaware` with `directed` scores the
+single-GPU placement it would direct the agent to (`_directed_share`), as FGD chooses a GPU.
+
+The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
+filling nodes over opening new ones, then tight fit. Nodes without a published state are
+unknown: they pass the filter and score 0 (the lowest), so they are chosen only when nothing
+better is known. Kube-scheduler multiplies the score by weight x 10 and does not clamp, hence
+the hard 0..10 bound.
+
+Cost: one simulation is O(containers x n log m) (~20 us for one container on 8 GPUs); the
+extender memoises per node state version and request shape (`NodeScorer`), so a prioritize
+over many nodes costs two dict lookups per node once warm, and shares results between nodes
+whose states differ only by GPU names (`ScoreTemplates`), so identical machines are simulated
+once per request shape.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import TypeVar
+
+from sharepack.common import allocation, fragmentation
+from sharepack.common.podrequests import ContainerKind, PodRequest
+from sharepack.common.policies import NodePolicy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+
+MAX_EXTENDER_PRIORITY = 10
+MIN_EXTENDER_PRIORITY = 0
+# The extender's filter passes this many of the best feasible nodes (`best_tier`); 0: all.
+DEFAULT_TIER_WIDTH = 0
+
+W_REUSE = 0.6
+W_GPU_USE = 0.3
+W_FIT = 0.1
+
+Placement = Mapping[str, tuple[str, ...]]  # resource -> physical GPU keys, one per device
+AnyNodePolicy = Policy | NodePolicy  # a Policy ranks as the NodePolicy of the same name
+_EMPTY: Placement = MappingProxyType({})
+_ALL_ADMITTED = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
+T = TypeVar("T", int, str)  # a stable node order: its position, or its name
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScore:
+    feasible: bool
+    score: int  # 0..10
+    reason: str  # why infeasible, or a short note on how the score came about
+    placement: Placement  # predicted: resource -> physical GPU keys (one entry per device)
+    # Infeasible whatever runs on the node (no such resource, failRequestsGreaterThanOne):
+    # preemption cannot help, which the filter reply tells the scheduler.
+    unresolvable: bool = False
+    # The node policy's fine-grained rank (higher is better), before the rounding to 0..10:
+    # what the tier filter (`best_tier`) orders nodes by. 0 for unknown and infeasible nodes.
+    rank: float = 0.0
+
+
+def _infeasible(reason: str, *, unresolvable: bool = False) -> NodeScore:
+    return NodeScore(False, MIN_EXTENDER_PRIORITY, reason, _EMPTY, unresolvable)
+
+
+NO_REQUEST = NodeScore(True, MIN_EXTENDER_PRIORITY, "pod requests no managed resources", _EMPTY)
+UNKNOWN_NODE = NodeScore(True, MIN_EXTENDER_PRIORITY, "no published NodeGpuState", _EMPTY)
+
+
+def _take(policy: Policy, pool: dict[str, int], size: int) -> dict[str, int]:
+    """Choose `size` devices out of the pod's reusable pool (counts per GPU)."""
+    if size >= sum(pool.values()):
+        return dict(pool)
+    # The kubelet takes any subset of the pool; which GPUs it holds does not change the node's
+    # counts, so any deterministic choice predicts as well as another.
+    loads = [allocation.GpuLoad(key, n, n) for key, n in sorted(pool.items())]
+    return allocation.pick_gpus(policy, loads, size)
+
+
+def _free(g: GpuState) -> int:
+    # Clamped so that a published state with inconsistent counts (negative, over-full) still
+    # gives the loop a valid load instead of an exception on the request path.
+    return min(g.free, max(g.total, 0))
+
+
+def _simulate(
+    res: ResourceState,
+    request: PodRequest,
+    policy: Policy,
+    new_per_container: dict[str, dict[str, int]] | None = None,
+) -> dict[str, int] | NodeScore:
+    """Counts per GPU the pod ends up holding of `res`, or the infeasible score saying why.
+
+    `new_per_container`, when given, receives per container the counts per GPU it takes beyond
+    what it reuses from the pod's pool: what the kubelet asks the device plugin to choose."""
+    name = res.name
+    free = {g.key: _free(g) for g in res.gpus}
+    totals = {g.key: max(g.total, 0) for g in res.gpus}
+    held: dict[str, int] = {}
+    reusable: dict[str, int] = {}
+    for c in request.containers:
+        n = c.amount(name)
+        if n == 0:
+            continue
+        if res.fail_requests_greater_than_one and res.sharing is not Sharing.NONE and n > 1:
+            return _infeasible(
+                f"{name}: container {c.name!r} requests {n} replicas and the node sets "
+                f"failRequestsGreaterThanOne",
+                unresolvable=True,
+            )
+        reused = _take(policy, reusable, n) if reusable else {}
+        missing = n - sum(reused.values())
+        extra: dict[str, int] = {}
+        if missing:
+            loads = [allocation.GpuLoad(k, totals[k], free[k]) for k in totals]
+            try:
+                extra = allocation.pick_gpus(policy, loads, missing)
+            except allocation.AllocationError:
+                return _infeasible(
+                    f"{name}: not enough free devices: container {c.name!r} needs {n}, "
+                    f"node has {sum(free.values())} free"
+                )
+            for k, cnt in extra.items():
+                free[k] -= cnt
+                held[k] = held.get(k, 0) + cnt
+            if new_per_container is not None:
+                new_per_container[c.name] = {k: cnt for k, cnt in extra.items() if cnt}
+        if c.kind is ContainerKind.INIT:
+            # An init container's devices return to the pool when it ends; the reused ones
+            # are in it already.
+            for k, cnt in extra.items():
+                if cnt:
+                    reusable[k] = reusable.get(k, 0) + cnt
+        else:
+            # App containers and sidecars keep what they reuse: it leaves the pool.
+            for k, cnt in reused.items():
+                left = reusable.get(k, 0) - cnt
+                if left > 0:
+                    reusable[k] = left
+                else:
+                    reusable.pop(k, None)
+    return held
+
+
+def _round_half_up(x: float) -> int:
+    return int(x * MAX_EXTENDER_PRIORITY + 0.5)
+
+
+def score_node(
+    state: NodeState,
+    request: PodRequest,
+    node_policy: AnyNodePolicy,
+    *,
+    workload: fragmentation.TypicalWorkload | None = None,
+    admitted: tuple[int, int] = _ALL_ADMITTED,
+    directed: bool = False,
+) -> NodeScore:
+    """Predict the pod's placement on this node and score the node under `node_policy`.
+
+    `fragaware` only: `workload` is its typical workload (default: the built-in one);
+    `admitted` the shapes the node's CPU and memory admit before and after the pod lands
+    (`Fragmentation.admitted`; default: all, for callers that do not know them); `directed`
+    scores the placement the extender would choose and direct the agent to (for a share on
+    one replicated GPU, the GPU with the best `placement_rank`), not the agent's own."""
+    if request.empty:
+        if node_policy == NodePolicy.FRAGAWARE and admitted != _ALL_ADMITTED:
+            # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
+            measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+            return _fragaware(state, _EMPTY, measure, admitted)
+        return NO_REQUEST
+    for name, total in request.totals:
+        res = state.resource(name)
+        if res is None:
+            return _infeasible(f"{name}: node publishes no such resource", unresolvable=True)
+        free = sum(_free(g) for g in {g.key: g for g in res.gpus}.values())
+        if free < total:
+            return _infeasible(f"{name}: not enough free devices: pod needs {total}, node has {free}")
+
+    placement: dict[str, tuple[str, ...]] = {}
+    landed: list[tuple[GpuState, int]] = []
+    for name, _ in request.totals:
+        res = state.resource(name)
+        assert res is not None  # checked above
+        held = _simulate(res, request, state.allocation_policy)
+        if isinstance(held, NodeScore):
+            return held
+        placement[name] = tuple(sorted(k for k, cnt in held.items() for _ in range(cnt)))
+        by_key = {g.key: g for g in res.gpus}
+        landed.extend((by_key[k], cnt) for k, cnt in held.items() if cnt)
+
+    if node_policy == NodePolicy.FRAGAWARE:
+        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        chosen = _directed_share(state, request, measure, admitted) if directed else None
+        return _fragaware(state, chosen or placement, measure, admitted)
+    used_before = {g.key for r in state.resources for g in r.gpus if g.allocated > 0}
+    all_gpus = {g.key for r in state.resources for g in r.gpus}
+    devices = 0
+    unfragmenting = 0
+    filled = 0.0
+    for g, cnt in landed:
+        devices += cnt
+        after = g.allocated + g.unhealthy + cnt
+        if g.key in used_before or after >= g.total:
+            unfragmenting += cnt
+        filled += cnt * (min(after / g.total, 1.0) if g.total else 1.0)
+    reuse = unfragmenting / devices if devices else 0.0
+    fit = filled / devices if devices else 0.0
+    used_after = used_before | {g.key for g, _ in landed}
+    gpu_use = len(used_after) / len(all_gpus) if all_gpus else 0.0
+    packed = W_REUSE * reuse + W_GPU_USE * gpu_use + W_FIT * fit
+    rank = packed if node_policy == Policy.PACKED else 1.0 - packed
+    score = min(max(_round_half_up(rank), MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
+    reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
+    return NodeScore(True, score, reason, MappingProxyType(placement), rank=rank)
+
+
+ContainerPlacements = tuple[tuple[str, Placement], ...]  # (container name, its new devices), kubelet order
+
+
+def container_placements(state: NodeState, request: PodRequest) -> ContainerPlacements | None:
+    """Per container, the physical GPUs of the devices it takes beyond what it reuses from the
+    pod's pool (one key per device), as `score_node` predicts them: the same loop, split by
+    container. Containers that take nothing new are left out (the kubelet does not ask the
+    device plugin for them). None when the pod does not fit."""
+    per: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name, _ in request.totals:
+        res = state.resource(name)
+        if res is None:
+            return None
+        new: dict[str, dict[str, int]] = {}
+        if isinstance(_simulate(res, request, state.allocation_policy, new), NodeScore):
+            return None
+        for container, counts in new.items():
+            if counts:
+                keys = tuple(sorted(k for k, cnt in counts.items() for _ in range(cnt)))
+                per.setdefault(container, {})[name] = keys
+    return tuple(
+        (c.name, MappingProxyType(per[c.name])) for c in request.containers if c.name in per
+    )
+
+
+def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
+    """Per physical GPU, its free share in milli-GPU (floored), after the pod takes `taken`.
+
+    A GPU listed by several resources (MIG profiles, a full and a shared resource) is as free
+    as the least free of them; unhealthy devices count as taken.
+    """
+    out: dict[str, int] = {}
+    for res in state.resources:
+        keys = taken.get(res.name, ())
+        for g in res.gpus:
+            if g.total <= 0:
+                continue
+            free = max(_free(g) - keys.count(g.key), 0) if keys else max(_free(g), 0)
+            share = free * fragmentation.MILLI // g.total
+            prev = out.get(g.key)
+            out[g.key] = share if prev is None else min(prev, share)
+    return out
+
+
+def _fragaware(
+    state: NodeState, placement: Placement, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
+) -> NodeScore:
+    """`fragaware`: the node's fragmentation (FGD's measure) before minus after the placement,
+    on the 0..10 scale (`fragmentation.extender_score`); its rank is `placement_rank`, with
+    the share left on the GPUs the pod lands on as the leftover."""
+    before = free_shares(state)
+    after = free_shares(state, placement)
+    grad = measure.gradient(tuple(before.values()), tuple(after.values()), *admitted)
+    landed = {k for keys in placement.values() for k in keys}
+    leftover = sum(after[k] for k in landed if k in after)
+    score = fragmentation.extender_score(grad)
+    total = measure.total_weight
+    reason = (
+        f"frag {measure.weighted(tuple(before.values()), admitted[0]) / total:.0f}"
+        f"->{measure.weighted(tuple(after.values()), admitted[1]) / total:.0f} milli-GPU"
+    )
+    rank = fragmentation.placement_rank(grad, leftover)
+    return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
+
+
+def _directed_share(
+    state: NodeState, request: PodRequest, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
+) -> Placement | None:
+    """The single-GPU placement of a one-container share that `fragaware` ranks best (first
+    GPU in the published order on ties), as FGD chooses a share's GPU; None when the request
+    is not such a share or no single GPU has room (the agent's own placement stands)."""
+    if len(request.totals) != 1 or len(request.containers) != 1:
+        return None
+    name, n = request.totals[0]
+    res = state.resource(name)
+    if res is None or res.sharing is Sharing.NONE:
+        return None
+    before = free_shares(state)
+    free_before = tuple(before.values())
+    best: tuple[float, str] | None = None
+    for g in res.gpus:
+        if _free(g) < n:
+            continue
+        candidate = {name: (g.key,) * n}
+        after = free_shares(state, candidate)
+        grad = measure.gradient(free_before, tuple(after.values()), *admitted)
+        rank = fragmentation.placement_rank(grad, after[g.key])
+        if best is None or rank > best[0]:
+            best = (rank, g.key)
+    return None if best is None else MappingProxyType({name: (best[1],) * n})
+
+
+def best_tier(entries: Sequence[tuple[float, T]], width: int) -> list[int]:
+    """The tier filter's rule: positions in `entries` of the `width` best, by rank (higher
+    first), ties by the stable node order (the second item, lower first); every position
+    when `width` < 1 (the tier filter is off).
+
+    The scheduler adds its own scores and picks at random among the best totals; passing it
+    only the best node (or a narrow tier) is what keeps that choice from scattering pods.
+    """
+    if width < 1 or width >= len(entries):
+        return list(range(len(entries)))
+    ranked = heapq.nsmallest(width, range(len(entries)), key=lambda i: (-entries[i][0], entries[i][1]))
+    return sorted(ranked)
+
+
+def apply_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
+    """The state after a pod takes `placement` (how assumed pods and the simulator count it).
+
+    Allocated counts are clamped to each GPU's total: a stale prediction must never make a
+    node look more than full.
+    """
+
+    def take(g: GpuState, n: int) -> GpuState:
+        if not n:
+            return g
+        pods = g.pods if pod_uid in g.pods else (*g.pods, pod_uid)
+        return replace(g, allocated=min(g.allocated + n, g.total), pods=pods)
+
+    return _per_gpu(state, placement, take)
+
+
+def release_placement(state: NodeState, pod_uid: str, placement: Placement) -> NodeState:
+    """The state after a pod that held `placement` has gone, before its agent republishes (how
+    the extender frees a deleted pod's devices at once). Counts never go below zero."""
+
+    def free(g: GpuState, n: int) -> GpuState:
+        if not n and pod_uid not in g.pods:
+            return g
+        return replace(g, allocated=max(g.allocated - n, 0), pods=tuple(p for p in g.pods if p != pod_uid))
+
+    return _per_gpu(state, placement, free)
+
+
+def _per_gpu(state: NodeState, placement: Placement, change: Callable[[GpuState, int], GpuState]) -> NodeState:
+    """`change(gpu, devices of the placement on it)` for every GPU of the placement's resources."""
+    if not placement:
+        return state
+    resources = []
+    for res in state.resources:
+        keys = placement.get(res.name)
+        if not keys:
+            resources.append(res)
+            continue
+        counts = Counter(keys)
+        resources.append(replace(res, gpus=tuple(change(g, counts.get(g.key, 0)) for g in res.gpus)))
+    return replace(state, resources=tuple(resources))
+
+
+def held_placement(state: NodeState, pod_uid: str, request: PodRequest | None) -> Placement | None:
+    """What the published state says the pod holds, one GPU key per device; None when its
+    counts cannot tell (the state lists pods per GPU, not how many devices each holds).
+
+    On a GPU the pod holds alone, it holds every allocated device; the rest of the pod's total
+    (`request`, as the kubelet counts it) sits on the GPUs it shares, which is known only when
+    there is one such GPU."""
+    out: dict[str, tuple[str, ...]] = {}
+    for res in state.resources:
+        mine = [g for g in res.gpus if pod_uid in g.pods]
+        if not mine:
+            continue
+        keys = [g.key for g in mine if len(g.pods) == 1 for _ in range(max(g.allocated, 0))]
+        shared = [g for g in mine if len(g.pods) > 1]
+        if shared:
+            left = (request.total(res.name) if request is not None else 0) - len(keys)
+            if len(shared) != 1 or left <= 0:
+                return None
+            keys.extend([shared[0].key] * left)
+        out[res.name] = tuple(sorted(keys))
+    return MappingProxyType(out) if out else None
+
+
+def placed_gpus(state: NodeState, pod_uid: str) -> dict[str, frozenset[str]]:
+    """Per resource, the physical GPUs the published state says the pod holds."""
+    out: dict[str, frozenset[str]] = {}
+    for res in state.resources:
+        keys = frozenset(g.key for g in res.gpus if pod_uid in g.pods)
+        if keys:
+            out[res.name] = keys
+    return out
+
+
+def placement_gpus(placement: Placement) -> dict[str, frozenset[str]]:
+    return {name: frozenset(keys) for name, keys in placement.items() if keys}
+
+
+def signature(state: NodeState) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
+    """A key under which node states score alike, and the node's GPU keys in that key's order.
+
+    `score_node` looks at GPU keys only to tell GPUs apart and to break ties by key order, so
+    two states that differ only by an order-preserving renaming of keys (identical machines
+    with identical usage) get the same score, reason and, renamed, placement. None for states
+    with a GPU key repeated within a resource (never shared).
+    """
+    keys = sorted({g.key for r in state.resources for g in r.gpus})
+    pos = {k: i for i, k in enumerate(keys)}
+    parts: list[object] = [state.allocation_policy]
+    for r in state.resources:
+        if len({g.key for g in r.gpus}) != len(r.gpus):
+            return None
+        gpus = tuple(sorted((pos[g.key], g.total, g.allocated, g.unhealthy) for g in r.gpus))
+        parts.append((r.name, r.sharing, r.fail_requests_greater_than_one, gpus))
+    return tuple(parts), tuple(keys)
+
+
+class ScoreTemplates:
+    """Scores shared between nodes with the same `signature`, for one node policy.
+
+    On a cluster of identical machines most nodes look alike (empty, or full): the first of
+    them pays for the simulation, the others rename the placement. Signatures are interned to
+    ints when a scorer is built (on the watch path), so a lookup hashes an int and a string.
+    """
+
+    __slots__ = ("node_policy", "workload", "_ids", "_memo", "_next", "max_entries")
+
+    def __init__(
+        self,
+        node_policy: AnyNodePolicy,
+        *,
+        max_entries: int = 1 << 16,
+        workload: fragmentation.TypicalWorkload | None = None,
+    ) -> None:
+        self.node_policy = node_policy
+        self.workload = workload
+        self._ids: dict[tuple[object, ...], int] = {}
+        self._memo: dict[tuple[int, str], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]] = {}
+        self._next = 0
+        self.max_entries = max_entries
+
+    def intern(self, sig: tuple[object, ...]) -> int:
+        sid = self._ids.get(sig)
+        if sid is None:
+            if len(self._ids) >= self.max_entries:
+                self._ids.clear()  # ids are never reused, so old scorers stay correct
+            self._next += 1
+            sid = self._ids[sig] = self._next
+        return sid
+
+    def _entry(
+        self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest
+    ) -> tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]:
+        memo_key = (sid, request.shape)
+        hit = self._memo.get(memo_key)
+        if hit is None:
+            s = score_node(state, request, self.node_policy, workload=self.workload)
+            pos = {k: i for i, k in enumerate(keys)}
+            where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
+            if len(self._memo) >= self.max_entries:
+                self._memo.clear()
+            hit = self._memo[memo_key] = (s, where)
+        return hit
+
+    def score(self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest) -> NodeScore:
+        """The node's own score: the shared one with the placement renamed to its GPUs."""
+        s, where = self._entry(sid, keys, state, request)
+        if not where:
+            return s
+        placement = MappingProxyType({r: tuple(keys[i] for i in idx) for r, idx in where})
+        if placement == s.placement:
+            return s
+        return NodeScore(s.feasible, s.score, s.reason, placement, s.unresolvable, s.rank)
+
+    def verdict(self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest) -> NodeScore:
+        """The shared score as is: its placement may name an alike node's GPUs."""
+        return self._entry(sid, keys, state, request)[0]
+
+
+class NodeScorer:
+    """Scores of one node state version, memoised per request shape (and, with `templates`,
+    shared with alike nodes).
+
+    Build a new one whenever the node's effective state changes; the old memo goes with it.
+    """
+
+    __slots__ = ("state", "version", "node_policy", "workload", "_memo", "_templates", "_sid", "_keys")
+
+    def __init__(
+        self,
+        state: NodeState,
+        node_policy: AnyNodePolicy,
+        version: object = None,
+        *,
+        templates: ScoreTemplates | None = None,
+        workload: fragmentation.TypicalWorkload | None = None,
+    ) -> None:
+        self.state = state
+        self.version = version
+        self.node_policy = node_policy
+        # `fragaware`'s workload: given, else the templates' (so a cache passes it once).
+        self.workload = workload if workload is not None or templates is None else templates.workload
+        self._memo: dict[str, NodeScore] = {}
+        self._templates: ScoreTemplates | None = None
+        self._sid = 0
+        self._keys: tuple[str, ...] = ()
+        if templates is not None and templates.node_policy == node_policy:
+            sig = signature(state)
+            if sig is not None:
+                self._templates = templates
+                self._sid = templates.intern(sig[0])
+                self._keys = sig[1]
+
+    def score(self, request: PodRequest) -> NodeScore:
+        hit = self._memo.get(request.shape)
+        if hit is None:
+            t = self._templates
+            if t is None:
+                hit = score_node(self.state, request, self.node_policy, workload=self.workload)
+            else:
+                hit = t.score(self._sid, self._keys, self.state, request)
+            self._memo[request.shape] = hit
+        return hit
+
+    def verdict(self, request: PodRequest) -> NodeScore:
+        """Feasibility, score and reason, as `score` gives them, without renaming a shared
+        placement: its `placement` may name the GPUs of an alike node. What filter and
+        prioritize need, at two dict lookups per node even when the node is new."""
+        hit = self._memo.get(request.shape)
+        if hit is not None:
+            return hit
+        t = self._templates
+        if t is None:
+            return self.score(request)
+        return t.verdict(self._sid, self._keys, self.state, request)
+
+    def __len__(self) -> int:
+        return len(self._memo)

@@ -1,0 +1,689 @@
+"""What the extender knows about the cluster, rebuilt from the API on every start.
+
+* `ClusterView` (event loop thread only): the published `NodeGpuState` of every node, the GPU
+  pods bound to nodes, and the pods *assumed* on a node: bound (by our /bind, or seen by the
+  pod watch) but not yet counted by the node's agent. An assumed pod counts with its predicted
+  placement until the node's published pod UIDs include it or `assume_ttl` passes; when the
+  agent reports it, predicted and reported physical GPUs are compared
+  (`sharepack_extender_predictions_total`). A pod whose `sharepack.io/gpus` annotation directs
+  it on its node (written at bind, maybe by another replica: `extender.directing`) counts with
+  those GPUs instead of our prediction: its agent allocates there. Symmetrically, a pod that is deleted or reaches
+  Succeeded/Failed while its node's published state still lists it is *released*: its devices
+  count as free at once (the kubelet frees them about when the DELETED event arrives, before
+  the agent republishes), until the published state drops it or `assume_ttl` passes. Per node
+  it keeps one `NodeScorer` for the effective state (published - released + assumed), rebuilt
+  on every change, so the request path is dictionary lookups.
+* Freshness: each agent rewrites its state at least every heartbeat (`--state-heartbeat-seconds`)
+  even when nothing changed, with a new `observedAt`. A state whose `observedAt` has not
+  changed for `max_age_s`, *by this extender's clock*, is *stale* and the node is treated as
+  unknown (filter passes it, prioritize scores it 0): its agent may be dead, and its counts may
+  be wrong in either direction. The age is counted from when we saw `observedAt` change, never
+  from its value: a node whose clock is minutes off would otherwise be always stale (or never).
+  The cost: a state first seen at our start counts as fresh for one `max_age_s`, since we cannot
+  tell an old write from a skewed clock. `WireScorer.fresh_until` holds that deadline
+  (wall-clock seconds); the request path compares that float against one clock read per
+  request. `sweep_stale` (called periodically) logs each node once as it goes stale; a write
+  that makes it fresh again is logged as it arrives.
+* The caches are fed by `kube.reflecting.Reflector`s (list + watch on the event loop, periodic
+  resync, relist on 410 Gone, capped exponential backoff): `replace_states` / `replace_pods`
+  after each list, `state_handler` / `pod_handler` for each watch event. The request path
+  never calls the API.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+
+from sharepack.common import directions, fragmentation, podrequests, scoring, statebuilding
+from sharepack.common.errors import DirectionsError, RequestError, StateSchemaError
+from sharepack.common.podrequests import PodRequest
+from sharepack.common.policies import NodePolicy, Policy
+from sharepack.common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
+from sharepack.common.state import NodeState, from_status, observed_epoch
+from sharepack.extender import protocol
+from sharepack.extender.metrics import Metrics, NodeGauges, node_gauges
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+RECENT_REQUESTS = 4096
+# Request shapes scored ahead on every node change, so the next filter/prioritize of a pod like
+# the last few finds that node's score memoised (one simulation is ~20 us; the request path
+# has ~1-2 us per node).
+PRESCORED_SHAPES = 4
+NEVER_STALE = math.inf
+
+
+class WireScorer(NodeScorer):
+    """A `NodeScorer` that also memoises the node's encoded `HostPriority` per request shape,
+    so a warm prioritize is a lookup and a bytes join per node.
+
+    `fresh_until`: wall-clock time (POSIX seconds) after which the state is stale and the node
+    counts as unknown; `math.inf` when the age check is off."""
+
+    __slots__ = ("name", "fresh_until", "_prefix", "_wire", "verdicts")
+
+    def __init__(
+        self,
+        name: str,
+        state: NodeState,
+        node_policy: Policy | NodePolicy,
+        version: object,
+        templates: ScoreTemplates | None = None,
+    ) -> None:
+        super().__init__(state, node_policy, version, templates=templates)
+        self.name = name
+        self.fresh_until = NEVER_STALE
+        self._prefix = protocol.host_prefix(name)
+        self._wire: dict[str, bytes] = {}
+        # request shape -> verdict, filled by `prescore` and the filter's first look: the
+        # filter loop then reads it inline (one dict lookup per node, no method calls).
+        self.verdicts: dict[str, NodeScore] = {}
+
+    def host_priority(self, request: PodRequest) -> bytes:
+        hit = self._wire.get(request.shape)
+        if hit is None:
+            hit = self._wire[request.shape] = protocol.host_priority(self._prefix, self.filter_verdict(request).score)
+        return hit
+
+    def filter_verdict(self, request: PodRequest) -> NodeScore:
+        hit = self.verdicts.get(request.shape)
+        if hit is None:
+            hit = self.verdicts[request.shape] = self.verdict(request)
+        return hit
+
+
+@dataclass(slots=True)
+class Assumed:
+    uid: str
+    node: str
+    placement: Placement
+    expires: float  # monotonic
+
+
+@dataclass(slots=True)
+class Released:
+    placement: Placement  # the devices the gone pod held, freed in the effective state
+    expires: float  # monotonic
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def directed_placement(obj: Any, node: str) -> Placement | None:
+    """The placement a bound pod's `sharepack.io/gpus` annotation names for `node`: what its
+    agent allocates, whichever extender replica wrote it. None without usable directions."""
+    raw = _meta(obj).get("annotations")
+    text = raw.get(directions.ANNOTATION) if isinstance(raw, Mapping) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        d = directions.decode(text, where=f"pod {_meta(obj).get('namespace')}/{_meta(obj).get('name')}")
+    except DirectionsError as e:
+        log.debug("%s", e)
+        return None
+    return MappingProxyType(directions.placement(d)) if d.node == node else None
+
+
+class ClusterView:
+    def __init__(
+        self,
+        node_policy: Policy | NodePolicy,
+        *,
+        metrics: Metrics | None = None,
+        assume_ttl: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+        managed: podrequests.Managed | None = None,
+        max_age_s: float = 0.0,
+        wall_clock: Callable[[], float] = time.time,
+        workload: fragmentation.TypicalWorkload | None = None,  # `fragaware` only; default built in
+        tier_width: int = 0,  # the filter passes only this many best nodes (`scoring.best_tier`); 0: all
+    ) -> None:
+        self.node_policy = node_policy
+        self.tier_width = tier_width
+        self.metrics = metrics or Metrics()
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.managed = managed
+        # States older than this are stale (the node counts as unknown); 0: no age check.
+        self.max_age_s = max_age_s
+        self.wall_clock = wall_clock  # ours only: never compared with an agent's observedAt
+        self._fresh_until: dict[str, float] = {}  # node -> when its published state goes stale
+        self._heard: dict[str, tuple[str, float]] = {}  # node -> (observedAt, when we saw it change)
+        self.stale: set[str] = set()  # nodes last logged as stale
+        self.scorers: dict[str, WireScorer] = {}  # nodes with a usable published state
+        self.published: dict[str, tuple[str, NodeState]] = {}  # node -> (resourceVersion, state)
+        self.invalid: dict[str, str] = {}  # node -> why its state is unusable (treated unknown)
+        self.assumed: dict[str, Assumed] = {}
+        self._assumed_on: dict[str, set[str]] = {}  # node -> assumed pod UIDs
+        self._settled: set[str] = set()  # counted by the agent, or expired: never assumed again
+        self._placed: dict[str, Placement] = {}  # settled pods whose prediction matched: exact
+        self._released: dict[str, dict[str, Released]] = {}  # node -> gone pods still published
+        self.pods: dict[str, str] = {}  # bound GPU pod UID -> node
+        self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
+        self._shapes: OrderedDict[str, PodRequest] = OrderedDict()  # most recent last
+        self._generation = 0
+        self.on_change: Callable[[], None] | None = None  # called after every cache change
+        self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
+        self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
+        self.templates = ScoreTemplates(node_policy, workload=workload)
+        # Per node gauge rows, recomputed with each published state (never per scrape).
+        self.gauges: dict[str, NodeGauges] = {}
+        self.metrics.node_rows(lambda: tuple(self.gauges.values()))
+
+    # -- NodeGpuState events ---------------------------------------------------------------
+
+    def replace_states(self, objects: list[Any]) -> None:
+        names = {str(_meta(o).get("name", "")) for o in objects if isinstance(o, Mapping)}
+        for gone in [n for n in (*self.published, *self.invalid) if n not in names]:
+            self._drop_state(gone)
+        for obj in objects:
+            self.upsert_state(obj)
+
+    @property
+    def known_resources(self) -> frozenset[str]:
+        if self._known is None:
+            self._known = frozenset(self._publishers)
+        return self._known
+
+    def _publish(self, name: str, entry: tuple[str, NodeState] | None) -> None:
+        """Set (or, with None, drop) a node's published state, keeping resource counts."""
+        counts = self._publishers
+        old = self.published.pop(name, None)
+        if old is not None:
+            for r in {r.name for r in old[1].resources}:
+                left = counts[r] - 1
+                if left:
+                    counts[r] = left
+                else:
+                    del counts[r]
+                    self._known = None
+        if entry is None:
+            self.gauges.pop(name, None)
+        else:
+            self.published[name] = entry
+            gauges = node_gauges(name, entry[1])
+            kept = self.gauges.get(name)
+            if kept is None or kept.values != gauges.values:  # a heartbeat keeps the formatted text
+                self.gauges[name] = gauges
+            for r in {r.name for r in entry[1].resources}:
+                if r not in counts:
+                    self._known = None
+                counts[r] = counts.get(r, 0) + 1
+
+    def relevant(self, request: PodRequest) -> PodRequest:
+        """The part of `request` this extender judges: resources some node publishes.
+
+        A `nvidia.com/` resource no agent publishes belongs to another device plugin; failing
+        every node that lacks it would reject pods we know nothing about.
+        """
+        return podrequests.restrict(request, self.known_resources.__contains__)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def upsert_state(self, obj: Any) -> None:
+        if not isinstance(obj, Mapping):
+            return
+        meta = _meta(obj)
+        name = str(meta.get("name", ""))
+        if not name:
+            return
+        rv = str(meta.get("resourceVersion", ""))
+        known = self.published.get(name)
+        if rv and known is not None and known[0] == rv:
+            return  # a resync repeating what we have: keep the scorer and its memo
+        try:
+            state = from_status(obj.get("status"), source=f"NodeGpuState {name} status")
+        except StateSchemaError as e:
+            # An agent too new or too old for us: the node is unknown, not infeasible.
+            if self.invalid.get(name) != str(e):
+                log.warning("ignoring the published state of node %s: %s", name, e)
+            self.invalid[name] = str(e)
+            self._publish(name, None)
+            self.scorers.pop(name, None)
+            self._forget_freshness(name)
+            self._changed()
+            return
+        self.invalid.pop(name, None)
+        old = self.published.get(name)
+        self._publish(name, (rv, state))
+        fresh_until = self._track_freshness(name, state)
+        settled = self._catch_up_releases(name, state)
+        for uid in list(self._assumed_on.get(name, ())):
+            reported = scoring.placed_gpus(state, uid)
+            if reported:
+                self._settle(uid, reported)
+                settled = True
+        scorer = self.scorers.get(name)
+        if not settled and scorer is not None and old is not None and statebuilding.same_content(old[1], state):
+            # A heartbeat: only observedAt moved. Keep the scorer and its memo.
+            scorer.fresh_until = fresh_until
+            self._changed()
+            return
+        self._rebuild(name)
+
+    # -- freshness -------------------------------------------------------------------------
+
+    def _track_freshness(self, name: str, state: NodeState) -> float:
+        """Note when `observedAt` changed (by our clock), remember when the state goes stale,
+        log a transition."""
+        if self.max_age_s <= 0:
+            fresh_until = NEVER_STALE
+        else:
+            now = self.wall_clock()
+            if observed_epoch(state.observed_at) is None:
+                fresh_until = -math.inf  # no usable time: we cannot tell it is fresh
+            else:
+                heard = self._heard.get(name)
+                if heard is None or heard[0] != state.observed_at:
+                    heard = self._heard[name] = (state.observed_at, now)
+                fresh_until = heard[1] + self.max_age_s
+            if fresh_until <= now:
+                self._went_stale(name, state.observed_at, now)
+            elif name in self.stale:
+                self.stale.discard(name)
+                log.info("NodeGpuState of node %s is fresh again (observed at %s): scoring it",
+                         name, state.observed_at)  # fmt: skip
+        self._fresh_until[name] = fresh_until
+        return fresh_until
+
+    def _went_stale(self, name: str, observed_at: str, now: float) -> None:
+        if name in self.stale:
+            return
+        self.stale.add(name)
+        heard = self._heard.get(name)
+        if observed_epoch(observed_at) is None or heard is None:
+            age = "unreadable"
+        else:
+            age = f"unchanged for {now - heard[1]:.0f} s by our clock"
+        log.warning(
+            "NodeGpuState of node %s is stale: observed at %s (%s), max age %.0f s; treating the "
+            "node as unknown (filter passes it, score 0) until its agent writes again",
+            name, observed_at or "never", age, self.max_age_s,
+        )  # fmt: skip
+
+    def _forget_freshness(self, name: str) -> None:
+        self._fresh_until.pop(name, None)
+        self._heard.pop(name, None)
+        self.stale.discard(name)
+
+    def sweep_stale(self) -> int:
+        """Log nodes whose state went stale since the last sweep; returns how many are stale.
+
+        The request path needs no sweep (it compares `fresh_until` itself): this only makes
+        the transition visible in the log."""
+        if self.max_age_s <= 0:
+            return 0
+        now = self.wall_clock()
+        for name, scorer in self.scorers.items():
+            if scorer.fresh_until <= now and name not in self.stale:
+                # The published entry, not the scorer's state: a heartbeat keeps the scorer.
+                entry = self.published.get(name)
+                self._went_stale(name, entry[1].observed_at if entry else "", now)
+        return self.count_stale(now)
+
+    def count_stale(self, now: float | None = None) -> int:
+        """Nodes with a usable published state that is too old (the `stale_nodes` gauge)."""
+        if self.max_age_s <= 0:
+            return 0
+        now = self.wall_clock() if now is None else now
+        return sum(1 for s in self.scorers.values() if s.fresh_until <= now)
+
+    def fresh_scorer(self, name: str) -> WireScorer | None:
+        """The node's scorer if its state is usable and fresh (the per-request loops above
+        inline this with one clock read per request)."""
+        scorer = self.scorers.get(name)
+        if scorer is None or scorer.fresh_until <= self.wall_clock():
+            return None
+        return scorer
+
+    def filter_nodes(
+        self, names: Sequence[str], request: PodRequest
+    ) -> tuple[list[int], dict[str, str], dict[str, str]]:
+        """Which of `names` can host `request`: (indexes of survivors, node -> why it cannot,
+        node -> why it never can). Unknown or stale nodes pass: correctness is the kubelet's."""
+        scorers = self.scorers
+        now = self.wall_clock()  # one clock read per request; per node a float comparison
+        shape = request.shape
+        survivors: list[int] = []
+        keep = survivors.append
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for i, name in enumerate(names):
+            scorer = scorers.get(name)
+            if scorer is None or scorer.fresh_until <= now:
+                keep(i)
+                continue
+            s = scorer.verdicts.get(shape) or scorer.filter_verdict(request)
+            if s.feasible:
+                keep(i)
+            elif s.unresolvable:
+                unresolvable[name] = s.reason
+            else:
+                failed[name] = s.reason
+        if 0 < self.tier_width < len(survivors):
+            survivors = self._best_tier(names, survivors, request, now, failed)
+        return survivors, failed, unresolvable
+
+    def _best_tier(
+        self, names: Sequence[str], survivors: list[int], request: PodRequest, now: float, failed: dict[str, str]
+    ) -> list[int]:
+        """The best `tier_width` survivors by the node policy's fine rank, ties by node name;
+        unknown and stale nodes rank below every known one. The scheduler picks at random among
+        its best totals: passing it only our best is what makes the choice ours. The others
+        fail with a reason that says so (they could run the pod; preemption never sees them,
+        since a survivor remains)."""
+        entries = []
+        for i in survivors:
+            scorer = self.scorers.get(names[i])
+            known = scorer is not None and scorer.fresh_until > now
+            entries.append((scorer.verdict(request).rank if scorer is not None and known else -math.inf, names[i]))
+        keep = [survivors[k] for k in scoring.best_tier(entries, self.tier_width)]
+        kept = set(keep)
+        reason = f"outside the best {self.tier_width} node(s) by {self.node_policy} (--filter-tier-width)"
+        for i in survivors:
+            if i not in kept:
+                failed[names[i]] = reason
+        return keep
+
+    def host_priorities(self, names: Sequence[str], request: PodRequest) -> list[bytes]:
+        """Each node's wire-encoded HostPriority; unknown or stale nodes get the lowest score."""
+        scorers = self.scorers
+        now = self.wall_clock()
+        unknown = scoring.UNKNOWN_NODE.score
+        host_priority = protocol.host_priority
+        shape = request.shape
+        parts: list[bytes] = []
+        append = parts.append
+        for name in names:
+            scorer = scorers.get(name)
+            if scorer is None or scorer.fresh_until <= now:
+                append(host_priority(name, unknown))
+            else:
+                append(scorer._wire.get(shape) or scorer.host_priority(request))
+        return parts
+
+    def delete_state(self, obj: Any) -> None:
+        if isinstance(obj, Mapping):
+            self._drop_state(str(_meta(obj).get("name", "")))
+
+    def _drop_state(self, name: str) -> None:
+        self._publish(name, None)
+        self._released.pop(name, None)
+        self.invalid.pop(name, None)
+        self.scorers.pop(name, None)
+        self._forget_freshness(name)
+        self._changed()
+
+    def _settle(self, uid: str, reported: Mapping[str, frozenset[str]]) -> None:
+        a = self._forget_assumed(uid)
+        self._settled.add(uid)
+        if a is None or not a.placement:
+            return
+        predicted = scoring.placement_gpus(a.placement)
+        match = all(reported.get(r, frozenset()) == keys for r, keys in predicted.items())
+        self.metrics.prediction(match)
+        if match:
+            self._placed[uid] = a.placement  # exact: how many devices on each GPU, for release
+        if not match:
+            log.info(
+                "prediction missed for pod %s on node %s: predicted %s, agent reports %s",
+                uid, a.node, {r: sorted(k) for r, k in predicted.items()},
+                {r: sorted(k) for r, k in reported.items()},
+            )  # fmt: skip
+
+    def _rebuild(self, name: str) -> None:
+        entry = self.published.get(name)
+        if entry is None:
+            self.scorers.pop(name, None)
+        else:
+            rv, state = entry
+            for uid, r in self._released.get(name, {}).items():
+                state = scoring.release_placement(state, uid, r.placement)
+            for uid in self._assumed_on.get(name, ()):
+                state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
+            self._generation += 1
+            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates)
+            scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
+            for request in self._shapes.values():
+                scorer.host_priority(request)  # memoises the filter's verdict too
+            self.scorers[name] = scorer
+        self._changed()
+
+    # -- pods ------------------------------------------------------------------------------
+
+    def replace_pods(self, objects: list[Any]) -> None:
+        present = set()
+        for obj in objects:
+            if isinstance(obj, Mapping):
+                present.add(str(_meta(obj).get("uid", "")))
+        # Assumed pods stay (a /bind can be newer than this list; the TTL bounds them). Bound
+        # pods missing from the list were deleted while we were not watching: released.
+        for uid in [u for u in self.pods if u not in present]:
+            if uid in self.assumed:
+                self.pods.pop(uid, None)
+            else:
+                self.forget_pod(uid)
+        self._settled &= present | set(self.assumed)
+        self._placed = {u: p for u, p in self._placed.items() if u in present}
+        for obj in objects:
+            self.upsert_pod(obj)
+
+    def upsert_pod(self, obj: Any) -> None:
+        try:
+            pod = podrequests.decode_pod(obj, self.managed)
+        except RequestError as e:
+            log.debug("ignoring an undecodable pod: %s", e)
+            return
+        if not pod.uid or not pod.node_name:
+            return
+        request = self.relevant(podrequests.pod_request(pod, self.managed))
+        if pod.phase in TERMINAL_PHASES:
+            self.forget_pod(pod.uid, request)
+            return
+        if request.empty:
+            return
+        self.pods[pod.uid] = pod.node_name
+        if pod.uid in self.assumed or pod.uid in self._settled:
+            self._changed()
+            return
+        entry = self.published.get(pod.node_name)
+        if entry is not None and scoring.placed_gpus(entry[1], pod.uid):
+            self._settled.add(pod.uid)  # already counted by its agent
+            self._changed()
+            return
+        self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name))
+
+    def delete_pod(self, obj: Any) -> None:
+        if not isinstance(obj, Mapping):
+            return
+        request = None
+        try:
+            request = self.relevant(podrequests.pod_request(podrequests.decode_pod(obj, self.managed), self.managed))
+        except RequestError as e:
+            log.debug("a deleted pod is undecodable; releasing only what its placement shows: %s", e)
+        self.forget_pod(str(_meta(obj).get("uid", "")), request)
+
+    def forget_pod(self, uid: str, request: PodRequest | None = None) -> None:
+        """The pod is gone (deleted, or Succeeded/Failed): stop counting it, and free what its
+        node's published state still counts for it (`request`, when known, tells how many
+        devices it held on a GPU it shared)."""
+        node = self.pods.pop(uid, None)
+        self._settled.discard(uid)
+        placed = self._placed.pop(uid, None)
+        a = self._forget_assumed(uid)
+        node = node or (a.node if a is not None else None)
+        released = node is not None and self._release(uid, node, placed, request)
+        if a is not None or released:
+            assert node is not None
+            self._rebuild(node)
+        else:
+            self._changed()
+
+    def _release(self, uid: str, node: str, placed: Placement | None, request: PodRequest | None) -> bool:
+        entry = self.published.get(node)
+        if entry is None or not scoring.placed_gpus(entry[1], uid):
+            return False  # not (or no longer) counted by its agent: nothing to free
+        placement = placed or scoring.held_placement(entry[1], uid, request)
+        if not placement:
+            log.info("pod %s on node %s is gone; its devices count until its agent republishes "
+                     "(the published counts do not say how many it held)", uid, node)  # fmt: skip
+            return False
+        self._released.setdefault(node, {})[uid] = Released(placement, self.clock() + self.assume_ttl)
+        return True
+
+    def _catch_up_releases(self, node: str, state: NodeState) -> bool:
+        """Forget released pods the node's published state no longer lists; True if any."""
+        released = self._released.get(node)
+        if not released:
+            return False
+        done = [uid for uid in released if not scoring.placed_gpus(state, uid)]
+        for uid in done:
+            del released[uid]
+        if not released:
+            del self._released[node]
+        return bool(done)
+
+    def _forget_assumed(self, uid: str) -> Assumed | None:
+        a = self.assumed.pop(uid, None)
+        if a is not None:
+            on = self._assumed_on.get(a.node)
+            if on is not None:
+                on.discard(uid)
+                if not on:
+                    del self._assumed_on[a.node]
+        return a
+
+    # -- assumptions -----------------------------------------------------------------------
+
+    def assume(
+        self, uid: str, node: str, request: PodRequest, directed: Placement | None = None
+    ) -> NodeScore | None:
+        """Count `request` on `node` with its predicted placement until the agent reports it;
+        `directed`: the placement the pod's directions name (another replica's prediction, which
+        the agent follows), used instead of ours."""
+        request = self.relevant(request)
+        if uid in self.assumed or uid in self._settled or request.empty:
+            return None
+        entry = self.published.get(node)
+        if entry is not None and scoring.placed_gpus(entry[1], uid):
+            self._settled.add(uid)  # its agent was faster than us: already counted
+            self._changed()
+            return None
+        scorer = self.fresh_scorer(node)  # a stale node is unknown: no prediction either
+        predicted = scorer.score(request) if scorer is not None else None
+        placement = predicted.placement if predicted is not None and predicted.feasible else {}
+        if directed:
+            placement = directed
+        self.assumed[uid] = Assumed(uid, node, placement, self.clock() + self.assume_ttl)
+        self._assumed_on.setdefault(node, set()).add(uid)
+        self._rebuild(node)
+        return predicted
+
+    def direct(self, uid: str, node: str, request: PodRequest) -> scoring.ContainerPlacements:
+        """Assume the pod on `node` now, and return its predicted placement split by container
+        (the directed GPUs), both computed on one effective state: what the pod is told to take
+        is exactly what it counts with. Empty when there is nothing to direct (a stale or
+        unknown node, an infeasible pod, a pod already counted)."""
+        request = self.relevant(request)
+        scorer = self.fresh_scorer(node)
+        if scorer is None or request.empty or uid in self.assumed or uid in self._settled:
+            return ()
+        split = scoring.container_placements(scorer.state, request)
+        predicted = self.assume(uid, node, request)
+        if not split or predicted is None or not predicted.feasible:
+            log.info("pod %s: not directing its GPUs on node %s: %s", uid, node,
+                     predicted.reason if predicted is not None else "not predicted")  # fmt: skip
+            return ()
+        joined = directions.placement(directions.from_placements(node, split))
+        # The split comes from the same loop as the prediction; renaming alike nodes' shared
+        # scores must not change it. If it ever did, directing would break the prediction.
+        if scoring.placement_gpus(predicted.placement) != scoring.placement_gpus(joined):
+            log.warning("pod %s on node %s: per-container placement %s disagrees with the "
+                        "prediction %s; not directing its GPUs", uid, node, split, predicted.placement)  # fmt: skip
+            return ()
+        return split
+
+    def unassume(self, uid: str, node: str) -> None:
+        """Undo `direct` after a failed bind: stop counting the pod on `node`, and only there
+        (the pod watch may have seen it bound elsewhere meanwhile)."""
+        a = self.assumed.get(uid)
+        if a is not None and a.node == node:
+            self._forget_assumed(uid)
+            self._rebuild(node)
+
+    def expire(self) -> int:
+        """Stop counting assumed pods older than the TTL; returns how many."""
+        now = self.clock()
+        late = [a for a in self.assumed.values() if a.expires <= now]
+        for a in late:
+            log.info("pod %s on node %s not reported by its agent in time: no longer counted",
+                     a.uid, a.node)  # fmt: skip
+            self._forget_assumed(a.uid)
+            self._settled.add(a.uid)
+        late_nodes = {a.node for a in late}
+        for node, released in list(self._released.items()):
+            gone = [uid for uid, r in released.items() if r.expires <= now]
+            for uid in gone:
+                log.info("released pod %s still listed by node %s's agent after the TTL: counted again", uid, node)
+                del released[uid]
+            if gone:
+                late_nodes.add(node)
+            if not released:
+                del self._released[node]
+        for node in late_nodes:
+            self._rebuild(node)
+        return len(late)
+
+    def remember(self, request: PodRequest) -> None:
+        """Keep the request of a pod being scheduled: /bind carries only its name and UID."""
+        if not request.uid or request.empty:
+            return
+        recent = self._recent
+        recent[request.uid] = request
+        recent.move_to_end(request.uid)
+        if len(recent) > RECENT_REQUESTS:
+            recent.popitem(last=False)
+        shapes = self._shapes
+        shapes[request.shape] = request
+        shapes.move_to_end(request.shape)
+        if len(shapes) > PRESCORED_SHAPES:
+            shapes.popitem(last=False)
+
+    def recalled(self, uid: str) -> PodRequest | None:
+        return self._recent.get(uid)
+
+
+# --- handlers for kube.reflecting.Reflector ------------------------------------------------------
+
+
+def state_handler(view: ClusterView) -> Callable[[str, Any], None]:
+    def on_event(kind: str, obj: Any) -> None:
+        if kind == "DELETED":
+            view.delete_state(obj)
+        else:
+            view.upsert_state(obj)
+
+    return on_event
+
+
+def pod_handler(view: ClusterView) -> Callable[[str, Any], None]:
+    def on_event(kind: str, obj: Any) -> None:
+        if kind == "DELETED":
+            view.delete_pod(obj)
+        else:
+            view.upsert_pod(obj)
+
+    return on_event

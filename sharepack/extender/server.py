@@ -1,0 +1,229 @@
+"""The extender's HTTP surface: thin handlers (decode -> common.scoring -> encode). /bind asks
+`extender.bindguard` first; filter and prioritize tell it which pod they scored.
+
+Status codes are mapped here, in one place: every scheduling outcome (feasible or not, unknown
+nodes, a pod we cannot read) is HTTP 200 with the answer in the body; HTTP 400 means the body
+could not be decoded as the verb's arguments; 413 a body over the size limit (aiohttp's own
+answer). A bug in a handler is still a 500, and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from sharepack.common import podrequests
+from sharepack.common.podrequests import PodRequest
+from sharepack.extender import explaining, protocol
+from sharepack.extender.binding import Binder, BindError
+from sharepack.extender.bindguard import BindGuard, Refusal
+from sharepack.extender.caches import ClusterView
+from sharepack.extender.metrics import CONTENT_TYPE, Metrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit; more is a mistake
+FAILED_PREFIX = "sharepack: "
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Extender:
+    def __init__(
+        self,
+        view: ClusterView,
+        *,
+        binder: Binder | None = None,
+        metrics: Metrics | None = None,
+        ready: Callable[[], bool] = lambda: True,
+        url_prefix: str = "",
+        managed: podrequests.Managed | None = None,
+        guard: BindGuard | None = None,
+    ) -> None:
+        self.view = view
+        self.binder = binder
+        self.guard = guard if guard is not None else BindGuard(view, managed=managed)
+        self.metrics = metrics or view.metrics
+        self.ready = ready
+        self.url_prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+        self.managed = managed
+        m = self.metrics
+        m.gauge("sharepack_extender_cache_nodes", "Nodes with a usable published state.",
+                lambda: len(view.scorers))  # fmt: skip
+        m.gauge("sharepack_extender_cache_nodes_unusable",
+                "Nodes whose published state this extender cannot read.",
+                lambda: len(view.invalid))  # fmt: skip
+        m.gauge("sharepack_extender_stale_nodes",
+                "Nodes whose published state is older than --state-max-age-seconds "
+                "(treated as unknown; counted in cache_nodes too).",
+                view.count_stale)  # fmt: skip
+        m.gauge("sharepack_extender_cache_pods", "GPU pods bound to nodes.", lambda: len(view.pods))
+        m.gauge("sharepack_extender_assumed_pods",
+                "Pods counted with their predicted placement until their agent reports them.",
+                lambda: len(view.assumed))  # fmt: skip
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def app(self, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+        app = web.Application(client_max_size=max_body_bytes)
+        self._add_probes(app)
+        p = self.url_prefix
+        app.router.add_post(f"{p}/filter", self._timed("filter", self.filter))
+        app.router.add_post(f"{p}/prioritize", self._timed("prioritize", self.prioritize))
+        app.router.add_post(f"{p}/bind", self._timed("bind", self.bind))
+        app.router.add_post(f"{p}/explain", self.explain)  # read-only, behind the same mTLS
+        return app
+
+    def probe_app(self) -> web.Application:
+        """Health and metrics only: read-only, so it may be served without client certificates
+        (`--metrics-listen`) to the kubelet's probes and to Prometheus."""
+        app = web.Application()
+        self._add_probes(app)
+        return app
+
+    def _add_probes(self, app: web.Application) -> None:
+        app[EXTENDER] = self
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_text)
+
+    def _timed(self, verb: str, handler: Handler) -> Handler:
+        observe = self.metrics.observe
+        clock = time.perf_counter
+
+        async def timed(request: web.Request) -> web.StreamResponse:
+            t0 = clock()
+            code = 500
+            try:
+                response = await handler(request)
+                code = response.status
+                return response
+            except web.HTTPException as e:  # 413 from the body size limit, among others
+                code = e.status
+                raise
+            except Exception:
+                log.exception("%s handler failed", verb)
+                raise
+            finally:
+                observe(verb, code, clock() - t0)
+
+        return timed
+
+    # -- verbs -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _json(body: bytes) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    @staticmethod
+    def _bad(e: Exception) -> web.Response:
+        return web.Response(status=400, text=str(e) + "\n")
+
+    def _request(self, args: protocol.ExtenderArgs) -> PodRequest | None:
+        request = args.request
+        if request is None:
+            return None
+        request = self.view.relevant(request)
+        self.view.remember(request)
+        return request
+
+    async def filter(self, request: web.Request) -> web.Response:
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self._request(args)
+        everyone = range(len(args.node_names))
+        if pod is None:
+            log.warning("filter: cannot read the pod: %s", args.pod_error)
+            return self._json(protocol.encode_filter(args, everyone, {}, {}, args.pod_error))
+        if pod.empty:
+            self.guard.filtered(args.pod_uid, args.node_names, everyone)
+            return self._json(protocol.encode_filter(args, everyone, {}, {}))
+        survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod)
+        self.guard.filtered(args.pod_uid, args.node_names, survivors)
+        return self._json(protocol.encode_filter(
+            args, survivors,
+            {n: FAILED_PREFIX + r for n, r in failed.items()},
+            {n: FAILED_PREFIX + r for n, r in unresolvable.items()},
+        ))  # fmt: skip
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self._request(args)
+        names = args.node_names
+        self.guard.prioritized(args.pod_uid, names)
+        if pod is None or pod.empty:
+            return self._json(protocol.encode_priorities(names, [0] * len(names)))
+        return self._json(protocol.join_priorities(self.view.host_priorities(names, pod)))
+
+    async def bind(self, request: web.Request) -> web.Response:
+        try:
+            args = protocol.decode_binding(await request.read())
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        m = self.metrics
+        if self.binder is None:
+            m.bind(False)
+            return self._json(protocol.encode_binding_result(
+                "binding is not available: the extender runs without Kubernetes API access"))  # fmt: skip
+        verdict = await self.guard.admit(args, self.binder.get_pod)
+        if isinstance(verdict, Refusal):
+            m.bind_refused(verdict.rule)
+            log.warning("bind refused (%s): %s", verdict.rule, verdict.message)
+            return self._json(protocol.encode_binding_result(
+                f"{FAILED_PREFIX}bind refused ({verdict.rule}): {verdict.message}"))  # fmt: skip
+        # Counted on its node before the Binding is written, as kube-scheduler assumes before it
+        # binds: a filter for the next pod that arrives while the write is in flight sees it,
+        # and concurrent binds to one node are predicted in the order they arrived.
+        uid = args.pod_uid
+        assumed_now = False
+        # A directing binder assumes the pod itself, with the GPUs it directs (`counts_pods`).
+        counts_itself = getattr(self.binder, "counts_pods", False)
+        if not counts_itself and not verdict.request.empty and uid not in self.view.assumed:
+            self.view.assume(uid, args.node, verdict.request)
+            assumed_now = uid in self.view.assumed
+        try:
+            await self.binder.bind(args)
+        except BindError as e:
+            if assumed_now:
+                self.view.forget_pod(uid)  # not bound: nothing holds those devices
+            m.bind(False)
+            log.warning("%s", e)
+            return self._json(protocol.encode_binding_result(str(e)))
+        m.bind(True)
+        if not verdict.request.empty:
+            self.view.assume(uid, args.node, verdict.request)  # a no-op when counted already
+        return self._json(protocol.encode_binding_result())
+
+    async def explain(self, request: web.Request) -> web.Response:
+        """Read-only: each node's filter verdict and score for the pod (sharepack/extender/explaining.py)."""
+        try:
+            args = protocol.decode_args(await request.read(), self.managed)
+        except protocol.DecodeError as e:
+            return self._bad(e)
+        pod = self.view.relevant(args.request) if args.request is not None else None
+        nodes = explaining.explain(self.view, args.node_names, pod) if pod is not None and not pod.empty else []
+        return self._json(explaining.encode(args, pod, nodes))
+
+    # -- health ----------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.ready():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="caches not synced\n")
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=await self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+EXTENDER = web.AppKey("extender", Extender)

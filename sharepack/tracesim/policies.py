@@ -1,0 +1,102 @@
+"""Policy names on the command line and in the CSV's `sc_policy` column, and what runs them.
+
+Two scheduler models (`--scheduler-model`):
+
+* `study`: the FGD study's scheduler fork, score ties by a seeded node order; the study's
+  policies and `ours` run only here (that is how they were calibrated).
+* `kube`: kube-scheduler as deployed (`tracesim.kubescheduler`): in-tree scores plus the
+  extender's, a seeded uniform choice among the best. The default for our extender policies
+  (`packed`, `distributed`, `fragaware`) and the only model of the baselines users have without
+  sharepack (`kube-default`, `kube-binpack`). All of them run in the replica model there, as
+  the agent (and the upstream device plugin) allocate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sharepack.common import scoring
+from sharepack.common.policies import NodePolicy
+from sharepack.tracesim import baselines, fragaware, kubescheduler, sharing
+from sharepack.tracesim.baselines import Scorer
+from sharepack.tracesim.errors import PolicyError
+from sharepack.tracesim.kubescheduler import SchedulerConfig
+from sharepack.tracesim.sharing import ShareModel
+
+STUDY = tuple(baselines.BASELINES)  # random, dotprod, clustering, packing, bestfit, fgd
+EXTENDER = ("packed", "distributed", NodePolicy.FRAGAWARE.value)  # what the extender runs
+KUBE_BASELINES = {"kube-default": kubescheduler.KUBE_DEFAULT, "kube-binpack": kubescheduler.KUBE_BINPACK}
+OURS = ("packed", "distributed", fragaware.NAME, NodePolicy.FRAGAWARE.value)
+NAMES = STUDY + OURS + tuple(KUBE_BASELINES)
+
+
+class SchedulerModel(StrEnum):
+    KUBE = "kube"
+    STUDY = "study"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeOptions:
+    """How our extender is deployed in the kube model."""
+
+    config: SchedulerConfig = kubescheduler.SHAREPACK
+    tier_width: int = scoring.DEFAULT_TIER_WIDTH  # the extender's --filter-tier-width
+    directed: bool = False  # GPUs as the extender chose them (directed allocation), not the agent's
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    name: str  # as written in the CSV's sc_policy column
+    scorer: Scorer
+    replicas: int | None = None  # set: the replica model (feasibility and charging in replicas)
+    model: SchedulerModel = field(default=SchedulerModel.STUDY)
+
+    @property
+    def label(self) -> str:
+        if self.replicas is None or self.model is SchedulerModel.KUBE:
+            return self.name
+        return f"{self.name}@r{self.replicas}"
+
+
+def default_model(name: str) -> SchedulerModel:
+    return SchedulerModel.STUDY if name in STUDY or name == fragaware.NAME else SchedulerModel.KUBE
+
+
+def resolve(
+    name: str,
+    *,
+    model: ShareModel = ShareModel.MILLI,
+    replicas: int = sharing.DEFAULT_REPLICAS,
+    scheduler: SchedulerModel | None = None,
+    kube: KubeOptions = KubeOptions(),
+) -> PolicySpec:
+    """`name` under `scheduler` (default: `default_model`); the study's policies and `ours`
+    exist only in the study's scheduler and share models, the kube baselines only in the kube
+    model; under it every policy runs in the replica model."""
+    if name not in NAMES:
+        raise PolicyError(f"invalid --policy {name}: expected one of {', '.join(NAMES)}")
+    scheduler = scheduler or default_model(name)
+    if scheduler is SchedulerModel.KUBE:
+        if name not in EXTENDER and name not in KUBE_BASELINES:
+            raise PolicyError(f"invalid --policy {name} with --scheduler-model kube: it runs only in the study model")
+        sharing.check_replicas(replicas)
+        placer = sharing.shared_scorer("packed", ShareModel.REPLICAS, replicas)  # upstream packed on the node
+        if name in KUBE_BASELINES:
+            scorer = kubescheduler.KubeScheduler(
+                KUBE_BASELINES[name], extender=None, placer=placer, tier_width=0, replicas=replicas
+            )
+        else:
+            extender = sharing.shared_scorer(name, ShareModel.REPLICAS, replicas, directed=kube.directed)
+            scorer = kubescheduler.KubeScheduler(
+                kube.config, extender=extender, placer=placer, tier_width=kube.tier_width, replicas=replicas
+            )
+        return PolicySpec(name, scorer, replicas, SchedulerModel.KUBE)
+    if name in KUBE_BASELINES:
+        raise PolicyError(f"invalid --policy {name} with --scheduler-model study: it runs only in the kube model")
+    if name in baselines.BASELINES:
+        return PolicySpec(name, baselines.BASELINES[name])
+    if name == fragaware.NAME:
+        return PolicySpec(name, fragaware.FragAwareScorer())
+    shared = sharing.shared_scorer(name, model, replicas)
+    return PolicySpec(name, shared, replicas if model is ShareModel.REPLICAS else None)
