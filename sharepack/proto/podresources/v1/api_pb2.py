@@ -24,43 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fproto/podresources/v1/api.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\xaf\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"p\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x16GetPodResourcesRequest\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\x15\n\rpod_namespace\x18\x02 \x01(\t\"B\n\x17GetPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x01(\x0b\x32\x10.v1.PodResources2\xfb\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x12@\n\x03Get\x12\x1a.v1.GetPodResourcesRequest\x1a\x1b.v1.GetPodResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)sharepack/proto/podresources/v1/api.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\xaf\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"p\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x16GetPodResourcesRequest\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\x15\n\rpod_namespace\x18\x02 \x01(\t\"B\n\x17GetPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x01(\x0b\x32\x10.v1.PodResources2\xfb\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x12@\n\x03Get\x12\x1a.v1.GetPodResourcesRequest\x1a\x1b.v1.GetPodResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sharepack.proto.podresources.v1.api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=39
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=68
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=70
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=193
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=195
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=220
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=222
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=289
-  _globals['_PODRESOURCES']._serialized_start=291
-  _globals['_PODRESOURCES']._serialized_end=382
-  _globals['_CONTAINERRESOURCES']._serialized_start=385
-  _globals['_CONTAINERRESOURCES']._serialized_end=560
-  _globals['_CONTAINERMEMORY']._serialized_start=562
-  _globals['_CONTAINERMEMORY']._serialized_end=650
-  _globals['_CONTAINERDEVICES']._serialized_start=652
-  _globals['_CONTAINERDEVICES']._serialized_end=749
-  _globals['_TOPOLOGYINFO']._serialized_start=751
-  _globals['_TOPOLOGYINFO']._serialized_end=794
-  _globals['_NUMANODE']._serialized_start=796
-  _globals['_NUMANODE']._serialized_end=818
-  _globals['_DYNAMICRESOURCE']._serialized_start=820
-  _globals['_DYNAMICRESOURCE']._serialized_end=926
-  _globals['_CLAIMRESOURCE']._serialized_start=928
-  _globals['_CLAIMRESOURCE']._serialized_end=1040
-  _globals['_CDIDEVICE']._serialized_start=1042
-  _globals['_CDIDEVICE']._serialized_end=1067
-  _globals['_GETPODRESOURCESREQUEST']._serialized_start=1069
-  _globals['_GETPODRESOURCESREQUEST']._serialized_end=1134
-  _globals['_GETPODRESOURCESRESPONSE']._serialized_start=1136
-  _globals['_GETPODRESOURCESRESPONSE']._serialized_end=1202
-  _globals['_PODRESOURCESLISTER']._serialized_start=1205
-  _globals['_PODRESOURCESLISTER']._serialized_end=1456
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=49
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=78
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=80
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=203
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=205
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=230
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=232
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=299
+  _globals['_PODRESOURCES']._serialized_start=301
+  _globals['_PODRESOURCES']._serialized_end=392
+  _globals['_CONTAINERRESOURCES']._serialized_start=395
+  _globals['_CONTAINERRESOURCES']._serialized_end=570
+  _globals['_CONTAINERMEMORY']._serialized_start=572
+  _globals['_CONTAINERMEMORY']._serialized_end=660
+  _globals['_CONTAINERDEVICES']._serialized_start=662
+  _globals['_CONTAINERDEVICES']._serialized_end=759
+  _globals['_TOPOLOGYINFO']._serialized_start=761
+  _globals['_TOPOLOGYINFO']._serialized_end=804
+  _globals['_NUMANODE']._serialized_start=806
+  _globals['_NUMANODE']._serialized_end=828
+  _globals['_DYNAMICRESOURCE']._serialized_start=830
+  _globals['_DYNAMICRESOURCE']._serialized_end=936
+  _globals['_CLAIMRESOURCE']._serialized_start=938
+  _globals['_CLAIMRESOURCE']._serialized_end=1050
+  _globals['_CDIDEVICE']._serialized_start=1052
+  _globals['_CDIDEVICE']._serialized_end=1077
+  _globals['_GETPODRESOURCESREQUEST']._serialized_start=1079
+  _globals['_GETPODRESOURCESREQUEST']._serialized_end=1144
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_start=1146
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_end=1212
+  _globals['_PODRESOURCESLISTER']._serialized_start=1215
+  _globals['_PODRESOURCESLISTER']._serialized_end=1466
 # @@protoc_insertion_point(module_scope)
