@@ -8,7 +8,10 @@ comparator kept in `COMPARATORS`. Per physical GPU the loop tracks
 * `available`  candidates still on offer (available, not must-include, not yet picked),
 * `allocated`  `total - available`: held by other pods, unhealthy, must-include, or picked by
                this very call, so every pick makes its GPU look fuller,
-* `picked_from` picks this call took from the GPU, seeded with its must-include devices.
+* `picked_from` picks this call took from the GPU. For `distributed` and `packed` it starts at
+               zero, as upstream's `pickedFrom` does (must-include devices count only in
+               `allocated`); `spread`, ours alone, seeds it with the must-include devices, so
+               a request that already holds a GPU goes to others first.
 
 Each step takes one device from the GPU the comparator ranks first. Ties the comparator leaves
 open are broken deterministically (upstream breaks them by Go map order, i.e. randomly): first
@@ -87,6 +90,9 @@ def _spread(allocated: int, picked_from: int) -> tuple[int, int]:
 COMPARATORS: Mapping[Policy, Comparator] = MappingProxyType(
     {Policy.DISTRIBUTED: _distributed, Policy.PACKED: _packed, Policy.SPREAD: _spread}
 )
+
+# Policies whose `picked_from` starts with the must-include devices (see the module docstring).
+SEEDS_PICKED_FROM = frozenset({Policy.SPREAD})
 
 
 def comparator_for(policy: Policy | str) -> Comparator:
@@ -211,10 +217,11 @@ def shared_allocation(
     offered = [len(by_key[key]) for key in keys]
     allocated = [held[key] for key in keys]
     picked_from = [0] * len(keys)
-    for key in keys_of(must):
-        g = position.get(key)
-        if g is not None:
-            picked_from[g] += 1
+    if Policy(policy) in SEEDS_PICKED_FROM:
+        for key in keys_of(must):
+            g = position.get(key)
+            if g is not None:
+                picked_from[g] += 1
 
     order = _greedy_picks(rank, allocated, offered, picked_from, needed)
 

@@ -59,6 +59,21 @@ CASES = [
         id="distributed goes back to the must-include gpu when it is still the least allocated",
     ),
     pytest.param(
+        Policy.DISTRIBUTED, _replicas(a=2, b=2), ["a::0", "a::1", "b::1"], ["a::0"], 2, None,
+        ["a::0", "a::1"],
+        id="distributed starts picked-from at zero as upstream so a must-include gpu ties and wins by key",
+    ),
+    pytest.param(
+        Policy.PACKED, _replicas(a=2, b=2), ["a::0", "a::1", "b::1"], ["a::0"], 2, None,
+        ["a::0", "a::1"],
+        id="packed starts picked-from at zero as upstream so a must-include gpu ties and wins by key",
+    ),
+    pytest.param(
+        Policy.SPREAD, _replicas(a=2, b=2), ["a::0", "a::1", "b::1"], ["a::0"], 2, None,
+        ["a::0", "b::1"],
+        id="spread on the same node goes to the other gpu because it seeds picked-from",
+    ),
+    pytest.param(
         Policy.SPREAD, _replicas(a=4, b=4), _replicas(a=4) + ["b::2", "b::3"], ["a::0"], 2,
         None, ["a::0", "b::2"],
         id="spread seeds picked-from with must-include and so goes to a new gpu",
