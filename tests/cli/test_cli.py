@@ -183,8 +183,8 @@ async def test_an_unreachable_api_server_is_one_line(server: FakeApiServer, kube
 
 
 def test_the_cli_is_installed_as_sharepack_and_as_a_kubectl_plugin() -> None:
-    scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts") if e.value.startswith("cli.")}
-    assert scripts == {"sharepack": "cli.__main__:main", "kubectl-sharepack": "cli.__main__:main"}
+    scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts") if e.value.startswith("sharepack.cli.")}
+    assert scripts == {"sharepack": "sharepack.cli.__main__:main", "kubectl-sharepack": "sharepack.cli.__main__:main"}
 
 
 # --- explain ------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def test_manifest_flags_exist_in_the_cli(flag_source: str) -> None:
     kind, name = ("DaemonSet", "sharepack-agent") if flag_source == "agent" else ("Deployment", "sharepack-extender")
     container = _container(kind, name)
     assert container["command"] == [f"sharepack-{flag_source}"]
-    flags = _flags(_help(flag_source))
+    flags = _flags(_help(f"sharepack.{flag_source}"))
     for arg in container["args"]:
         flag = arg.split("=", 1)[0]
         assert flag in flags, f"{kind} {name} passes {flag}, which the CLI lacks"
@@ -115,7 +115,7 @@ def _flags(usage: str) -> set[str]:
 
 
 def test_a_flag_is_matched_as_a_whole_token_not_as_a_prefix() -> None:
-    flags = _flags(_help("agent"))
+    flags = _flags(_help("sharepack.agent"))
     assert {"--node-name", "--state-heartbeat-seconds"} <= flags
     assert not {"--node", "--state", "--state-heartbeat"} & flags
 

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 CONFIGURATION = DOCS / "configuration.md"
-CLIS = {"sharepack-agent": "agent", "sharepack-extender": "extender"}
+CLIS = {"sharepack-agent": "sharepack.agent", "sharepack-extender": "sharepack.extender"}
 
 # argparse prints each option at indent 2: "  --flag VALUE", "  -h, --help"; help text is
 # indented further, so flags mentioned in prose are not taken for options.
@@ -137,7 +137,7 @@ def test_agent_flags_are_documented_with_their_environment_variable() -> None:
     rows = documented_flags(section(CONFIGURATION.read_text(), "sharepack-agent"))
     wrong = [
         f"{flag} ({env})"
-        for flag, env in help_options(cli_help("agent")).items()
+        for flag, env in help_options(cli_help("sharepack.agent")).items()
         if env is not None and f"`{env}`" not in rows.get(flag, "")
     ]
     assert not wrong, f"docs/configuration.md does not give these flags' environment variables: {wrong}"
