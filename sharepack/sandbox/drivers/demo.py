@@ -40,7 +40,7 @@ from sharepack.sandbox.apiserver.server import FakeApiServer
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sharepack.sandbox.controlplane.identities import Identities
 from sharepack.sandbox.kubelet.nodes import NodeSpec, NodeStartError, SimulatedNode
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 from sharepack.sandbox.drivers.stacks import Stack
 from sharepack.sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 from sharepack.sandbox.tcpproxy import RoundRobinProxy
@@ -452,7 +452,7 @@ async def run_policy(
                 tls = box.tls
                 print(
                     f"   explain a pod: sharepack --kubeconfig {box.kubeconfig} explain POD --extender-url "
-                    f"{box.extender_url} --cert {tls.client_cert} --key {tls.client_key} --cacert {tls.ca_cert}",
+                    f"{box.extender_url} --cert {tls.explain_cert} --key {tls.explain_key} --cacert {tls.ca_cert}",
                     file=out,
                 )  # fmt: skip
                 print("   Ctrl-C to stop.", file=out)
