@@ -50,7 +50,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ex.add_argument("--output", "-o", choices=["text", "json"], default="text")
     ex.add_argument("--extender-url", default="", help="the extender's base URL (default: through the API server's "
                     "service proxy to --extender-service in --extender-namespace)")  # fmt: skip
-    ex.add_argument("--cert", default="", help="client certificate for an extender that requires one (mTLS)")
+    ex.add_argument("--cert", default="", help="client certificate for an extender that requires one (mTLS): its CN must be one the "
+                         "extender admits to /explain (sharepack-explain by default)")
     ex.add_argument("--key", default="", help="the client certificate's key")
     ex.add_argument("--cacert", default="", help="CA of the extender's serving certificate")
     ex.add_argument("--extender-namespace", default="sharepack-system")

@@ -7,7 +7,9 @@ It is reached at `--extender-url`, else through the API server's service proxy
 (`services/<name>:http/proxy`, RBAC `services/proxy` create), as `kubectl` reaches in-cluster
 services. The extender as deploy/ ships it takes only clients with a certificate of its client
 CA (mutual TLS), which the service proxy has not: then reach it at `--extender-url
-https://...` (for example through `kubectl port-forward`) with `--cert`, `--key` and `--cacert`.
+https://...` (for example through `kubectl port-forward`) with `--cert`, `--key` and `--cacert`,
+a certificate whose common name the extender admits to /explain (`sharepack-explain` by default,
+docs/install.md step 2; the scheduler's own is refused there).
 
 Every node is a candidate here: kube-scheduler's in-tree filters (taints, affinity, cpu) run
 before the extender and are not replayed.

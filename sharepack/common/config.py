@@ -73,6 +73,7 @@ from typing import Final, Literal, TypeAlias
 
 import yaml
 
+from sharepack.common import state
 from sharepack.common.errors import ConfigError
 from sharepack.common.policies import MigStrategy, Policy, Sharing
 
@@ -470,6 +471,8 @@ def _replica_count(value: object, minimum: int) -> int:
         raise _Bad(f"replicas must be an integer, got {_type_name(value)} {value!r}")
     if value < minimum:
         raise _Bad(f"number of replicas must be >= {minimum}, got {value}")
+    if value > state.MAX_DEVICES_PER_GPU:  # the published state (and its CRD) holds no more
+        raise _Bad(f"number of replicas must be <= {state.MAX_DEVICES_PER_GPU}, got {value}")
     return value
 
 

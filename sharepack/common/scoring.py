@@ -426,14 +426,19 @@ def held_placement(state: NodeState, pod_uid: str, request: PodRequest | None) -
         mine = [g for g in res.gpus if pod_uid in g.pods]
         if not mine:
             continue
-        keys = [g.key for g in mine if len(g.pods) == 1 for _ in range(max(g.allocated, 0))]
+        # Counted first, listed last: the counts come from an agent's word and the pod's spec,
+        # so no list grows past what the GPU's own counts allow.
+        counts = {g.key: max(g.allocated, 0) for g in mine if len(g.pods) == 1}
+        asked = request.total(res.name) if request is not None else None
+        if asked is not None and sum(counts.values()) > asked:
+            return None  # a pod holds no more than it asked for: others (not listed yet) hold some
         shared = [g for g in mine if len(g.pods) > 1]
         if shared:
-            left = (request.total(res.name) if request is not None else 0) - len(keys)
-            if len(shared) != 1 or left <= 0:
+            left = (asked or 0) - sum(counts.values())
+            if len(shared) != 1 or left <= 0 or left > shared[0].allocated:
                 return None
-            keys.extend([shared[0].key] * left)
-        out[res.name] = tuple(sorted(keys))
+            counts[shared[0].key] = left
+        out[res.name] = tuple(key for key in sorted(counts) for _ in range(counts[key]))
     return MappingProxyType(out) if out else None
 
 

@@ -23,6 +23,11 @@ SCHEMA_VERSION = 1
 # does not make a live node unknown; a dead agent's node is unknown within three minutes. The
 # extender's --state-max-age-seconds default and `sharepack status` both count from it.
 STALE_AFTER_S = 180.0
+# Devices of one resource on one physical GPU: replicas of a shared GPU, MIG slices, or 1. The
+# CRD's schema (`maximum` on total, allocated and unhealthy) and the agent's config (replicas)
+# hold to it, and readers reject more: a state is one agent's word, and counts from it size
+# lists in the extender.
+MAX_DEVICES_PER_GPU = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,17 @@ def _enum(cls: Any, doc: Mapping[str, Any], name: str, where: str) -> Any:
         raise StateSchemaError(f"invalid NodeGpuState {where}.{name}: {raw!r}") from None
 
 
+def _check_counts(g: GpuState, where: str) -> None:
+    """The agent counts each device once (held, unhealthy, or free); more is not a state."""
+    gpu = f"{where} (GPU {g.key})"
+    for name, value in (("total", g.total), ("allocated", g.allocated), ("unhealthy", g.unhealthy)):
+        if not 0 <= value <= MAX_DEVICES_PER_GPU:
+            raise StateSchemaError(f"invalid NodeGpuState {gpu}: {name} {value} is outside 0..{MAX_DEVICES_PER_GPU}")
+    if g.allocated + g.unhealthy > g.total:
+        raise StateSchemaError(f"invalid NodeGpuState {gpu}: allocated {g.allocated} + unhealthy {g.unhealthy} "
+                               f"> total {g.total}")  # fmt: skip
+
+
 def from_status(doc: Any, *, source: str = "status") -> NodeState:
     """Decode a `status` document; raises StateSchemaError naming the bad field and `source`."""
     if not isinstance(doc, Mapping):
@@ -131,17 +147,17 @@ def from_status(doc: Any, *, source: str = "status") -> NodeState:
             if not isinstance(g, Mapping):
                 raise StateSchemaError(f"invalid NodeGpuState {gwhere}: not an object")
             pods = _field(g, "pods", list, gwhere) if "pods" in g else []
-            gpus.append(
-                GpuState(
-                    key=_field(g, "key", str, gwhere),
-                    index=str(g.get("index", "")),
-                    product=str(g.get("product", "")),
-                    total=_field(g, "total", int, gwhere),
-                    allocated=_field(g, "allocated", int, gwhere),
-                    unhealthy=_field(g, "unhealthy", int, gwhere),
-                    pods=tuple(str(p) for p in pods),
-                )
+            gpu = GpuState(
+                key=_field(g, "key", str, gwhere),
+                index=str(g.get("index", "")),
+                product=str(g.get("product", "")),
+                total=_field(g, "total", int, gwhere),
+                allocated=_field(g, "allocated", int, gwhere),
+                unhealthy=_field(g, "unhealthy", int, gwhere),
+                pods=tuple(str(p) for p in pods),
             )
+            _check_counts(gpu, gwhere)
+            gpus.append(gpu)
         resources.append(
             ResourceState(
                 name=_field(r, "name", str, where),

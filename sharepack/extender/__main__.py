@@ -9,8 +9,9 @@ Without `--kubeconfig` the in-cluster config is used; with neither, the extender
 (every node unknown: pass-through, lowest score) and /bind answers with an error.
 
 The verbs are served over mutual TLS: only a client whose certificate `--client-ca-file` signed
-(kube-scheduler's extender tlsConfig) gets past the handshake. Plain HTTP takes
-`--insecure-http`, and is logged as a warning.
+(kube-scheduler's extender tlsConfig) gets past the handshake, and only the common names of
+`--scheduler-client-cn` may call the verbs, those of `--explain-client-cn` /explain
+(extender.authorizing). Plain HTTP takes `--insecure-http`, and is logged as a warning.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from sharepack.common import addresses, fragmentation, podrequests, scoring
 from sharepack.common import state as published
 from sharepack.common.errors import ConfigError
 from sharepack.common.policies import NodePolicy
-from sharepack.extender import directing
+from sharepack.extender import authorizing, directing
 from sharepack.extender.binding import ApiBinder, Binder
 from sharepack.extender.bindguard import BindGuard, UnscoredBinds
 from sharepack.extender.caches import ClusterView, pod_handler, state_handler
@@ -66,6 +67,9 @@ class Options:
     insecure_http: bool = False  # plain HTTP asked for explicitly
     metrics_listen: str = ""  # HOST:PORT for /metrics, /healthz, /readyz without TLS; "": none
     scheduler_names: tuple[str, ...] = (podrequests.DEFAULT_SCHEDULER_NAME,)
+    # Client certificate common names per path (extender.authorizing); mutual TLS only.
+    scheduler_client_cns: tuple[str, ...] = authorizing.DEFAULT_SCHEDULER_CNS
+    explain_client_cns: tuple[str, ...] = authorizing.DEFAULT_EXPLAIN_CNS
     unscored_binds: UnscoredBinds = UnscoredBinds.REFUSE
     url_prefix: str = ""
     log_format: str = "text"
@@ -114,6 +118,13 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--client-ca-file", default=None, metavar="FILE",
                    help="CA bundle (PEM) that signs the clients allowed to call the verbs: "
                         "kube-scheduler's extender tlsConfig certificate")  # fmt: skip
+    p.add_argument("--scheduler-client-cn", action="append", default=None, metavar="CN",
+                   help="a client certificate common name that may call the verbs (/filter, /prioritize, "
+                        "/bind); repeat for several (default: "
+                        f"{', '.join(authorizing.DEFAULT_SCHEDULER_CNS)})")  # fmt: skip
+    p.add_argument("--explain-client-cn", action="append", default=None, metavar="CN",
+                   help="a client certificate common name that may call the read-only /explain; repeat "
+                        f"for several (default: {', '.join(authorizing.DEFAULT_EXPLAIN_CNS)})")  # fmt: skip
     p.add_argument("--insecure-http", action="store_true",
                    help="serve plain HTTP without client authentication: anyone who reaches the "
                         "port can call /bind (logged as a warning)")  # fmt: skip
@@ -160,6 +171,11 @@ def parse_args(argv: Sequence[str]) -> Options:
     scheduler_names = tuple(a.scheduler_name or (podrequests.DEFAULT_SCHEDULER_NAME,))
     if not all(scheduler_names):
         p.error("invalid --scheduler-name option: ''")
+    scheduler_cns = tuple(a.scheduler_client_cn or authorizing.DEFAULT_SCHEDULER_CNS)
+    explain_cns = tuple(a.explain_client_cn or authorizing.DEFAULT_EXPLAIN_CNS)
+    for flag, cns in (("--scheduler-client-cn", scheduler_cns), ("--explain-client-cn", explain_cns)):
+        if not all(cns):
+            p.error(f"invalid {flag} option: ''")
     if not a.state_max_age_seconds >= 0:  # also rejects nan
         p.error(f"invalid --state-max-age-seconds option: {a.state_max_age_seconds} (want seconds >= 0)")
     for flag, value in (("--assume-ttl", a.assume_ttl), ("--resync", a.resync), ("--max-body-bytes", a.max_body_bytes)):
@@ -190,6 +206,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         insecure_http=a.insecure_http,
         metrics_listen=a.metrics_listen,
         scheduler_names=scheduler_names,
+        scheduler_client_cns=scheduler_cns,
+        explain_client_cns=explain_cns,
         unscored_binds=UnscoredBinds(a.unscored_binds),
         url_prefix=a.url_prefix,
         log_format=a.log_format,
@@ -340,9 +358,13 @@ class Service:
         if self.opts.tls_cert_file and self.opts.tls_private_key_file:
             ssl_context = tls_context(self.opts.tls_cert_file, self.opts.tls_private_key_file,
                                       self.opts.client_ca_file)  # fmt: skip
+        app = self.extender.app(max_body_bytes=self.opts.max_body_bytes)
+        if ssl_context is not None and self.opts.client_ca_file is not None:
+            authorizer = authorizing.Authorizer(frozenset(self.opts.scheduler_client_cns),
+                                                frozenset(self.opts.explain_client_cns), self.extender.url_prefix)  # fmt: skip
+            app.middlewares.append(authorizer.middleware())
         try:
-            self.port = await self._serve(self.extender.app(max_body_bytes=self.opts.max_body_bytes),
-                                          host, port, ssl_context)  # fmt: skip
+            self.port = await self._serve(app, host, port, ssl_context)
             if self.opts.metrics_listen:
                 m_host, m_port = addresses.listen_address(self.opts.metrics_listen, flag="--metrics-listen")
                 self.metrics_port = await self._serve(self.extender.probe_app(), m_host, m_port, None)

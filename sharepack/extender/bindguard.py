@@ -1,28 +1,32 @@
-"""Which /bind requests the extender honours: only bindings of pods it has just scored.
+"""Which /bind requests the extender honours: only bindings of GPU pods it has just scored, to a
+node where its filter passes them now.
 
 The extender holds cluster-wide `pods/binding`, and a Binding skips every check the scheduler
 made (NoSchedule taints, node selectors: the kubelet re-checks neither). kube-scheduler sends
 /bind only for a pod it has just run through this extender's filter or prioritize, with a node
 that passed them; so that is all the guard lets through. The pod is read from the API, never
-taken from the request. Rules, in the order checked; the first that fails names the refusal:
+taken from the request; and since a /filter or /prioritize body is the caller's word too (one
+forged /filter naming a victim's UID and a node would otherwise vouch for that bind), the filter
+runs again at bind, for the chosen node, on the pod the API returned. Rules, in the order
+checked; the first that fails names the refusal:
 
 1. `incomplete-request`: PodName, PodNamespace, PodUID and Node are all given.
 2. `pod-unreadable`: the pod can be read from the API.
 3. `pod-gone`: the pod read has the UID asked for and is not being deleted.
 4. `scheduler-not-served`: its `spec.schedulerName` is one this extender serves.
 5. `already-bound`: it has no `spec.nodeName` yet.
-6. `not-scored`: this extender filtered or prioritized that UID in the last `ttl_s` seconds.
-7. `node-not-feasible`: the node survived that filter (after a prioritize alone: it was among
-   the nodes offered and the same filter passes it now).
+6. `no-gpu-request`: it requests a resource some agent publishes (kube-scheduler sends no other
+   pod to us: `managedResources`; whatever else a caller names is none of our business).
+7. `not-scored`: this extender filtered or prioritized that UID in the last `ttl_s` seconds.
+8. `node-not-feasible`: the node was among those that filter kept (after a prioritize alone:
+   among the nodes offered), and the filter passes the pod's real request on it now.
 
 Each record serves one bind: whatever the outcome, a second /bind needs a new scheduling cycle.
 
 Several replicas behind one Service (`UnscoredBinds.RECHECK`): a bind that reaches a replica
-which did not score the pod is re-checked against that replica's own caches instead of rule 6.
-The pod must request a resource some agent publishes (kube-scheduler sends no other pod to us:
-`managedResources`), and the node must have a fresh published state on which the filter passes
-it. The scheduler's own filters (taints, selectors, affinity) cannot be re-checked here; see
-docs/security.md.
+which did not score the pod is re-checked against that replica's own caches instead of rule 7:
+the node must have a fresh published state on which the filter passes the pod. The scheduler's
+own filters (taints, selectors, affinity) cannot be re-checked here; see docs/security.md.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Rule(StrEnum):
     POD_GONE = "pod-gone"
     SCHEDULER = "scheduler-not-served"
     ALREADY_BOUND = "already-bound"
+    NO_GPU = "no-gpu-request"
     NOT_SCORED = "not-scored"
     NODE = "node-not-feasible"
 
@@ -188,6 +193,9 @@ class BindGuard:
         if pod.node_name:
             return Refusal(Rule.ALREADY_BOUND, f"{where} is already bound to node {pod.node_name}")
         request = self.view.relevant(podrequests.pod_request(pod, self.managed))
+        if request.empty:
+            return Refusal(Rule.NO_GPU, f"{where} requests no resource an agent publishes: it is not this "
+                                        "extender's to bind")  # fmt: skip
         if record is not None:
             return self._check_scored(record, request, args.node, where)
         if self.unscored is UnscoredBinds.RECHECK:
@@ -199,21 +207,16 @@ class BindGuard:
         if not record.offered(node):
             found = "found feasible" if record.survivors is not None else "was offered"
             return Refusal(Rule.NODE, f"node {node} is not among the nodes this extender {found} for {where}")
-        if record.survivors is None:
-            # Prioritize alone (the filter went to another replica): run the filter now.
-            survivors, failed, unresolvable = self.view.filter_nodes((node,), request)
-            if not survivors:
-                why = failed.get(node) or unresolvable.get(node, "")
-                return Refusal(Rule.NODE, f"node {node} does not pass the filter for {where}: {why}")
-        return Admitted(request)
+        # The recorded verdict was for the pod the /filter body described; judge the real one.
+        return self._filter_passes(request, node, where)
 
     def _recheck(self, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
-        if request.empty:
-            return Refusal(Rule.NOT_SCORED, f"no replica of this extender can have scored {where}: it "
-                                            "requests no resource an agent publishes")  # fmt: skip
         if self.view.fresh_scorer(node) is None:
             return Refusal(Rule.NODE, f"node {node} has no fresh published state here: {where} cannot "
                                       "be re-checked on it")  # fmt: skip
+        return self._filter_passes(request, node, where)
+
+    def _filter_passes(self, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
         survivors, failed, unresolvable = self.view.filter_nodes((node,), request)
         if not survivors:
             why = failed.get(node) or unresolvable.get(node, "")

@@ -25,7 +25,10 @@ from sharepack.extender.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit; more is a mistake
+# 5,000 candidates as NodeNames (nodeCacheCapable: true, as deploy/ ships) take 0.2 MiB, and a
+# Pod at etcd's 1.5 MiB object limit fits beside them; whole Node objects (nodeCacheCapable:
+# false) at ~12 KB each fit ~680 nodes. benchmarks/bench_body_size.py measures both.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 FAILED_PREFIX = "sharepack: "
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -137,9 +137,10 @@ class SchedulerDriver:
 
         scores: dict[str, int] = {n: 0 for n in feasible}
         ext = self._extender
-        if ext is not None and feasible and any(
-            r.startswith(ext.managed_prefixes) for r in request.resources
-        ):
+        # kube-scheduler calls an extender (filter, prioritize, and bind) only for pods that
+        # request one of its managedResources (`IsInterested`).
+        interested = ext is not None and any(r.startswith(ext.managed_prefixes) for r in request.resources)
+        if ext is not None and feasible and interested:
             try:
                 result = await self._post(ext, "filter", {"Pod": doc, "NodeNames": feasible, "Nodes": None})
                 if result.get("Error"):
@@ -174,7 +175,7 @@ class SchedulerDriver:
             return Decision(key, None, f"0/{len(nodes)} nodes are available: {summary}")
         best = max(scores.values())
         choice = self._rng.choice(sorted(n for n, s in scores.items() if s == best))
-        await self._bind(ext, pod, choice)
+        await self._bind(ext if interested else None, pod, choice)
         return Decision(key, choice, "", tuple(feasible), scores)
 
     async def run(self, *, scheduler_name: str = "default-scheduler", period: float = RESCHEDULE_S) -> None:

@@ -255,7 +255,8 @@ def test_tls_secret_ports_and_scheduler_sources_come_from_values(helm: Path) -> 
     assert agent_policy == [{"ports": [{"port": 9600, "protocol": "TCP"}]}]
     extender_policy = docs[("NetworkPolicy", "sharepack-system", "sharepack-extender")]["spec"]["ingress"]
     assert extender_policy == [
-        {"ports": [{"port": 9500, "protocol": "TCP"}]},
+        {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+         "ports": [{"port": 9500, "protocol": "TCP"}]},
         {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}, {"ipBlock": {"cidr": "fd00::/64"}}, peer],
          "ports": [{"port": 8443, "protocol": "TCP"}]},
     ]  # fmt: skip

@@ -272,12 +272,32 @@ async def test_recheck_admits_a_gpu_pod_on_a_known_node_where_it_fits() -> None:
     assert isinstance(verdict, Admitted) and verdict.request.totals == ((SHARED, 2),)
 
 
-async def test_recheck_refuses_a_pod_that_requests_no_gpu_as_never_scored() -> None:
-    guard = BindGuard(make_view(), unscored=UnscoredBinds.RECHECK)
+@pytest.mark.parametrize("unscored", list(UnscoredBinds), ids=lambda u: f"unscored binds {u}")
+async def test_a_pod_that_requests_no_gpu_is_refused_even_when_scored(unscored: UnscoredBinds) -> None:
+    guard = BindGuard(make_view(), unscored=unscored)
+    filtered(guard, pod_doc(replicas=0))  # the filter passes such a pod everywhere
     r = await refusal(guard, binding("node-used"), pod_doc(replicas=0))
-    assert r.rule is Rule.NOT_SCORED
-    assert r.message == ("no replica of this extender can have scored pod default/trainer: it requests no resource "
-                         "an agent publishes")  # fmt: skip
+    assert r.rule is Rule.NO_GPU
+    assert r.message == "pod default/trainer requests no resource an agent publishes: it is not this extender's to bind"
+    assert (await refusal(guard, binding("node-used"), pod_doc(replicas=0))).rule is Rule.NO_GPU  # unscored too
+
+
+async def test_a_forged_filter_for_a_pod_that_requests_no_gpu_admits_no_bind() -> None:
+    """The issue's attack: a /filter body that names the victim's UID and claims a GPU request
+    the victim does not make; the pod the API returns at bind requests none."""
+    guard = BindGuard(make_view())
+    assert filtered(guard, pod_doc(replicas=1)) == [0, 2]
+    assert (await refusal(guard, binding("node-used"), pod_doc(replicas=0))).rule is Rule.NO_GPU
+
+
+async def test_a_forged_filter_claiming_a_smaller_request_admits_no_bind_where_the_real_one_does_not_fit() -> None:
+    """Scored as 1 replica (node-used has 2 free on GPU 0 and 4 on GPU 1, so it fits); the pod
+    the API returns asks for 7, which fits nowhere: the filter runs again on the real request."""
+    guard = BindGuard(make_view())
+    assert filtered(guard, pod_doc(replicas=1)) == [0, 2]
+    r = await refusal(guard, binding("node-used"), pod_doc(replicas=7))
+    assert r.rule is Rule.NODE
+    assert r.message.startswith("node node-used does not pass the filter for pod default/trainer: ")
 
 
 async def test_recheck_refuses_a_node_where_the_pod_does_not_fit() -> None:

@@ -28,7 +28,8 @@ from sharepack.common.policies import MigStrategy, Policy, Sharing
 from sharepack.common.state import GpuState, NodeState, ResourceState
 from sharepack.sandbox.apiserver import resources as kinds
 from sharepack.sandbox.apiserver.server import FakeApiServer
-from sharepack.sandbox.controlplane.certificates import TlsFiles, write_tls_files
+from sharepack.sandbox.controlplane import pki
+from sharepack.sandbox.controlplane.certificates import TlsFiles, extender_tls, write_tls_files
 from sharepack.sandbox.controlplane.plane import free_port
 from sharepack.sandbox.processes import LoggedProcess
 
@@ -121,6 +122,7 @@ class Stack:
     kubeconfig: Path
     tls: TlsFiles  # the scheduler's CA, serving and client certificates
     stranger: TlsFiles  # the same, from another CA
+    authority: pki.Authority  # the CA of `tls`, to issue more client certificates
     scheduler: aiohttp.ClientSession  # presents the scheduler's client certificate
     extender: ExtenderProcess
 
@@ -143,13 +145,14 @@ async def stack(root: Path, nodes: dict[str, Sequence[tuple[int, int]]], *extra:
         for name, gpus in nodes.items():
             publish(server, name, gpus)
         kubeconfig = server.write_kubeconfig(root / "kubeconfig")
-        tls = write_tls_files(root / "tls")
+        authority = pki.Authority(root / "tls", "sharepack-extender-ca")
+        tls = extender_tls(authority)
         stranger = write_tls_files(root / "stranger", ca_name="some other CA")
         ext = await start_extender(root, kubeconfig, tls, *extra)
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as session:
                 await wait_caches(ext, len(nodes))
-                yield Stack(server, root, kubeconfig, tls, stranger, session, ext)
+                yield Stack(server, root, kubeconfig, tls, stranger, authority, session, ext)
         finally:
             await ext.process.stop()
 

@@ -71,6 +71,7 @@ class Case:
     spec: dict[str, Any]
     score: bool = True  # run /filter first, as kube-scheduler does
     bound_to: str = ""  # bound through the API after the filter, before /bind
+    forged: int = 0  # > 0: the /filter body claims this many replicas instead of the pod's own
 
 
 CASES = [
@@ -87,6 +88,9 @@ CASES = [
     pytest.param(Case(2, "node-free", lambda uid: "sharepack: bind refused (already-bound): pod default/p is already "
                       "bound to node node-full", {}, bound_to="node-full"),
                  id="a pod already bound"),
+    pytest.param(Case(0, "node-free", lambda uid: "sharepack: bind refused (no-gpu-request): pod default/p requests no "
+                      "resource an agent publishes: it is not this extender's to bind", {}, forged=2),
+                 id="a pod that requests no GPU, after a forged filter that said it did"),
 ]  # fmt: skip
 
 
@@ -94,7 +98,11 @@ CASES = [
 async def test_bind_refuses_naming_the_rule_and_leaves_the_pod_where_it_was(served: Stack, case: Case) -> None:
     pod = create_pod(served.server, "p", case.replicas, **case.spec)
     if case.score:
-        assert await filtered(served, pod) == ["node-free"]
+        claimed = pod
+        if case.forged:
+            claimed = {**pod, "spec": {**pod["spec"], "containers": [
+                {"name": "main", "resources": {"limits": {SHARED: str(case.forged)}}}]}}
+        assert await filtered(served, claimed) == ["node-free"]
     if case.bound_to:
         served.server.store.bind("default", "p", {"target": {"name": case.bound_to}})
     rule = case.error("")[len("sharepack: bind refused ("):].split(")")[0]
@@ -115,15 +123,15 @@ async def test_a_second_replica_binds_what_the_first_scored_after_its_own_rechec
         # The re-check refuses what kube-scheduler would not send, with the reason.
         victim = create_pod(served.server, "victim", 0, nodeSelector={"no-such-label": "x"})
         assert await served.bind(victim, "node-free", to=replica) == (
-            "sharepack: bind refused (not-scored): no replica of this extender can have scored pod default/victim: "
-            "it requests no resource an agent publishes")  # fmt: skip
+            "sharepack: bind refused (no-gpu-request): pod default/victim requests no resource an agent publishes: "
+            "it is not this extender's to bind")  # fmt: skip
         squeezed = create_pod(served.server, "squeezed", 2)
         error = await served.bind(squeezed, "node-full", to=replica)
         assert error.startswith("sharepack: bind refused (node-not-feasible): node node-full does not pass the "
                                 "filter for pod default/squeezed: ")  # fmt: skip
         assert (node_of(served.server, "victim"), node_of(served.server, "squeezed")) == ("", "")
         assert await refusals(served, of=replica) == {
-            'sharepack_extender_bind_refusals_total{rule="not-scored"}': 1,
+            'sharepack_extender_bind_refusals_total{rule="no-gpu-request"}': 1,
             'sharepack_extender_bind_refusals_total{rule="node-not-feasible"}': 1,
         }
     finally:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from sharepack.extender import authorizing
 from sharepack.extender.__main__ import tls_context
 from tests.security.stack import SERVED, tls_exchange, tls_server
 
@@ -129,8 +130,16 @@ async def test_the_documented_certificates_let_the_scheduler_in_under_the_servic
             return tls_exchange(port, ctx, b"hi", server_hostname=host)
 
         assert await asyncio.to_thread(exchange, client("scheduler")) == ("reply", SERVED)
+        assert await asyncio.to_thread(exchange, client("explain")) == ("reply", SERVED)
         # The serving certificate is for serving only: as a client certificate it is refused.
         assert await asyncio.to_thread(exchange, client("tls")) == ("handshake", b"")
+    # Their names are the ones the extender authorizes by default: the scheduler's for the
+    # verbs, the explain client's for /explain alone.
+    names = {}
+    for cert in ("scheduler", "explain"):
+        subject = x509.load_pem_x509_certificate((tmp_short / f"{cert}.crt").read_bytes()).subject
+        names[cert] = (tuple(a.value for a in subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)),)
+    assert names == {"scheduler": (authorizing.DEFAULT_SCHEDULER_CNS,), "explain": (authorizing.DEFAULT_EXPLAIN_CNS,)}
 
 
 # --- network ------------------------------------------------------------------------------------------
@@ -142,10 +151,12 @@ def test_by_default_no_one_reaches_the_verbs_and_only_metrics_ports_are_open() -
     verbs = int(flag(extender_container(), "--listen").rsplit(":", 1)[1])
     metrics = int(flag(extender_container(), "--metrics-listen").rsplit(":", 1)[1])
     assert admitted(extender, verbs) == []
-    assert admitted(extender, metrics) is None  # probes and Prometheus, plain HTTP, no verb
+    # Prometheus, plain HTTP, no verb: from the monitoring namespace (the kubelet's probes come
+    # from the node, which NetworkPolicy always admits).
+    assert admitted(extender, metrics) == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert admitted(agent, 9400) is None
     for pol in (extender, agent):
-        assert pol["spec"]["policyTypes"] == ["Ingress"]
+        assert pol["spec"]["policyTypes"] == ["Ingress", "Egress"]  # egress: tests/security/test_network_and_mounts.py
         # Every rule names its ports: a rule without ports would open all of them.
         assert all(rule.get("ports") for rule in pol["spec"]["ingress"])
     assert [p["port"] for r in agent["spec"]["ingress"] for p in r["ports"]] == [9400]

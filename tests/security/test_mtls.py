@@ -70,7 +70,7 @@ async def test_a_client_the_ca_did_not_sign_is_refused_in_tls_before_any_http(
     # The same request with the scheduler's certificate does reach /bind (and is refused there).
     ctx = tls_client(served.tls.ca_cert, served.tls, version)
     stage_ok, reply = await asyncio.to_thread(tls_exchange, served.extender.port, ctx, http_request("/bind", bind_body(victim)))
-    assert stage_ok == "reply" and b"bind refused (not-scored)" in reply
+    assert stage_ok == "reply" and b"bind refused (no-gpu-request)" in reply
 
 
 async def test_plain_http_on_the_tls_port_gets_no_answer(served: Stack) -> None:

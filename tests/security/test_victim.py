@@ -52,19 +52,19 @@ async def test_the_victim_pod_cannot_be_bound_through_the_extender(control_plane
                         async with anyone.post(f"{url}/bind", json=body, ssl=tls or True) as resp:
                             await resp.read()
 
-            # The scheduler's own certificate reaches /bind, which refuses: never scored.
+            # The scheduler's own certificate reaches /bind, which refuses: no GPU request.
             async with box.session.post(f"{box.extender_url}/bind", json=body) as resp:
                 assert resp.status == 200
                 reply = await resp.json()
-            assert reply == {"Error": "sharepack: bind refused (not-scored): this extender did not filter or "
-                                      f"prioritize pod default/victim (UID {victim.metadata.uid}) in the last 660 s"}
+            assert reply == {"Error": "sharepack: bind refused (no-gpu-request): pod default/victim requests no "
+                                      "resource an agent publishes: it is not this extender's to bind"}
 
             pod = await asyncio.to_thread(core.read_namespaced_pod, "victim", "default")
             assert pod.spec.node_name is None
             async with box.session.get(f"{box.extender_url}/metrics") as resp:
                 text = await resp.text()
             samples = parse_text(text)
-            assert samples['sharepack_extender_bind_refusals_total{rule="not-scored"}'] == 1
+            assert samples['sharepack_extender_bind_refusals_total{rule="no-gpu-request"}'] == 1
             assert samples['sharepack_extender_binds_total{result="success"}'] == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)

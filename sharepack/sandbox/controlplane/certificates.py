@@ -1,10 +1,12 @@
 """Certificates for mutual TLS between the scheduler (the sandbox driver or the real
-kube-scheduler) and the extender: the extender's serving certificate and a client certificate
-for the scheduler, both from one CA (`sandbox.pki.Authority`), as PEM files in one directory.
+kube-scheduler) and the extender: the extender's serving certificate, a client certificate for
+the scheduler and one for `sharepack explain`, all from one CA (`sandbox.pki.Authority`), as
+PEM files in one directory.
 
 docs/install.md does the same with openssl for a real cluster. The serving certificate names
-127.0.0.1, ::1 and localhost (the sandbox dials those) and is for serving only; the client one
-is for logging in only.
+127.0.0.1, ::1 and localhost (the sandbox dials those) and is for serving only; the client ones
+are for logging in only, and their common names are what the extender authorizes
+(extender.authorizing: the scheduler's for the verbs, the other for /explain alone).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 from sharepack.sandbox.controlplane import pki
 
 SERVER_HOSTS: tuple[str, ...] = ("127.0.0.1", "::1", "localhost")
-CLIENT_NAME = "kube-scheduler"
+CLIENT_NAME = "kube-scheduler"  # the extender's --scheduler-client-cn default
+EXPLAIN_CLIENT_NAME = "sharepack-explain"  # its --explain-client-cn default
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +28,10 @@ class TlsFiles:
     ca_cert: Path
     server_cert: Path
     server_key: Path
-    client_cert: Path
+    client_cert: Path  # the scheduler's
     client_key: Path
+    explain_cert: Path  # `sharepack explain`'s: /explain only
+    explain_key: Path
 
     def extender_args(self) -> list[str]:
         """The extender's flags that serve mutual TLS with these files."""
@@ -48,11 +53,12 @@ class TlsFiles:
 
 
 def extender_tls(authority: pki.Authority, *, hosts: Sequence[str] = SERVER_HOSTS) -> TlsFiles:
-    """A serving certificate for the extender and a client certificate for the scheduler, both
-    from `authority`, written next to its CA."""
+    """A serving certificate for the extender and client certificates for the scheduler and for
+    `sharepack explain`, all from `authority`, written next to its CA."""
     server = authority.issue("extender-server", "sharepack-extender", hosts=tuple(hosts), client=False, server=True)
     client = authority.issue("extender-client", CLIENT_NAME)
-    return TlsFiles(authority.ca.cert, server.cert, server.key, client.cert, client.key)
+    explain = authority.issue("explain-client", EXPLAIN_CLIENT_NAME)
+    return TlsFiles(authority.ca.cert, server.cert, server.key, client.cert, client.key, explain.cert, explain.key)
 
 
 def write_tls_files(directory: Path, *, ca_name: str = "sharepack-extender-ca") -> TlsFiles:

@@ -452,7 +452,7 @@ async def run_policy(
                 tls = box.tls
                 print(
                     f"   explain a pod: sharepack --kubeconfig {box.kubeconfig} explain POD --extender-url "
-                    f"{box.extender_url} --cert {tls.client_cert} --key {tls.client_key} --cacert {tls.ca_cert}",
+                    f"{box.extender_url} --cert {tls.explain_cert} --key {tls.explain_key} --cacert {tls.ca_cert}",
                     file=out,
                 )  # fmt: skip
                 print("   Ctrl-C to stop.", file=out)
