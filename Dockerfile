@@ -1,5 +1,6 @@
 # The production image: the node agent (sharepack-agent) and the scheduler extender
-# (sharepack-extender), and only what they import: common, agent, extender, kube and proto, on
+# (sharepack-extender), and only what they import: sharepack's common, agent, extender, kube and
+# proto, on
 # the locked runtime dependencies. No sandbox, no simulator, no numpy, matplotlib,
 # kubernetes-validate or cryptography (tests/static/test_image.py checks all of this).
 #
@@ -13,11 +14,12 @@ WORKDIR /src
 COPY deploy/image/build-requirements.txt /locks/build-requirements.txt
 RUN pip install --require-hashes --no-deps -r /locks/build-requirements.txt
 COPY pyproject.toml README.md ./
-COPY common common
-COPY agent agent
-COPY extender extender
-COPY kube kube
-COPY proto proto
+COPY sharepack/__init__.py sharepack/__init__.py
+COPY sharepack/common sharepack/common
+COPY sharepack/agent sharepack/agent
+COPY sharepack/extender sharepack/extender
+COPY sharepack/kube sharepack/kube
+COPY sharepack/proto sharepack/proto
 RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM docker.io/library/python:3.11.10-slim-bookworm@sha256:5148c0e4bbb64271bca1d3322360ebf4bfb7564507ae32dd639322e4952a6b16

@@ -19,8 +19,10 @@ export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 "$work/build/bin/pip" install --quiet --require-hashes --no-deps -r "$root/deploy/image/build-requirements.txt"
 mkdir "$work/src"
 cp "$root/pyproject.toml" "$root/README.md" "$work/src/"
+mkdir "$work/src/sharepack"
+cp "$root/sharepack/__init__.py" "$work/src/sharepack/"
 for package in common agent extender kube proto; do
-  cp -r "$root/$package" "$work/src/$package"
+  cp -r "$root/sharepack/$package" "$work/src/sharepack/$package"
 done
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
 (cd "$work/src" && "$work/build/bin/pip" wheel --quiet --no-deps --no-build-isolation --wheel-dir "$work/wheels" .)
@@ -33,13 +35,13 @@ cd "$work"  # not the source tree: import what was installed
 "$work/runtime/bin/python" - <<'PY'
 import importlib, pkgutil, sys
 from importlib import metadata
-for package in ("agent", "extender"):
+for package in ("sharepack.agent", "sharepack.extender"):
     module = importlib.import_module(package)
     for info in pkgutil.walk_packages(module.__path__, package + "."):
         importlib.import_module(info.name)
 installed = sorted(d.metadata["Name"].lower() for d in metadata.distributions())
 print("distributions:", " ".join(installed))
-for absent in ("sandbox", "tracesim", "cli", "numpy", "matplotlib", "kubernetes_validate", "cryptography"):
+for absent in ("sharepack.sandbox", "sharepack.tracesim", "sharepack.cli", "numpy", "matplotlib", "kubernetes_validate", "cryptography"):
     assert importlib.util.find_spec(absent) is None, f"{absent} is installed"
 print("imports: every module of agent and extender; absent: sandbox, tracesim, cli, numpy, matplotlib, "
       "kubernetes_validate, cryptography")

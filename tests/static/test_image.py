@@ -21,21 +21,21 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 IMAGE = ROOT / "deploy" / "image"
 LOCKS = (IMAGE / "requirements.txt", IMAGE / "build-requirements.txt")
-OURS = {"common", "agent", "extender", "proto", "sandbox", "tracesim", "cli", "kube"}
+OURS = {"common", "agent", "extender", "proto", "sandbox", "tracesim", "cli", "kube"}  # under sharepack/
 NOT_IN_THE_IMAGE = {"numpy", "matplotlib", "kubernetes-validate", "cryptography"}
-# In pyproject's base set until the lead's split moves them to an extra; never in the image.
-NOT_YET_SPLIT = {"kubernetes-validate", "cryptography"}
 
 PROBE = """
 import importlib, json, pkgutil, sys
 from importlib import metadata
-for package in ("agent", "extender"):
+for package in ("sharepack.agent", "sharepack.extender"):
     module = importlib.import_module(package)
     for info in pkgutil.walk_packages(module.__path__, package + "."):
         importlib.import_module(info.name)
 owners = metadata.packages_distributions()
 tops = {name.split(".")[0] for name in sys.modules}
-print(json.dumps({"modules": sorted(tops), "distributions": sorted({d for t in tops for d in owners.get(t, ())})}))
+ours = {name.split(".")[1] for name in sys.modules if name.startswith("sharepack.")}
+print(json.dumps({"modules": sorted(tops), "ours": sorted(ours),
+                  "distributions": sorted({d for t in tops for d in owners.get(t, ())})}))
 """
 
 
@@ -84,9 +84,9 @@ def test_every_base_image_is_pinned_by_digest() -> None:
 
 
 def test_the_image_copies_exactly_the_packages_the_agent_and_the_extender_import() -> None:
-    copied = {line.split()[1] for line in DOCKERFILE.read_text().splitlines()
+    copied = {line.split()[1].removeprefix("sharepack/") for line in DOCKERFILE.read_text().splitlines()
               if line.startswith("COPY ") and "--from" not in line}  # fmt: skip
-    imported = OURS & set(probe()["modules"])
+    imported = OURS & set(probe()["ours"])
     assert copied & OURS == imported == {"common", "agent", "extender", "kube", "proto"}
 
 
@@ -108,7 +108,7 @@ def test_the_lock_pins_what_pyproject_pins_and_nothing_the_image_must_not_hold()
     for name, version in runtime.items():
         assert base.get(name) == version, f"requirements.in pins {name}=={version}; pyproject.toml: {base.get(name)}"
         assert lock[name][0] == version, f"requirements.txt has {name}=={lock[name][0]}, requirements.in {version}"
-    assert set(base) - set(runtime) <= NOT_YET_SPLIT
+    assert set(base) == set(runtime), "the image's lock and pyproject's base set differ"
     assert not NOT_IN_THE_IMAGE & set(lock)
     build = pins((IMAGE / "build-requirements.in").read_text().splitlines())
     assert set(build) == {"setuptools"} and locked(IMAGE / "build-requirements.txt")["setuptools"][0] == build["setuptools"]
