@@ -16,6 +16,9 @@ device IDs and the size, so the `Director` works out which pod it is for:
   container not answered yet for this resource (the kubelet's order), which matches when
   `len(must_include) + len(its GPUs) == size`; without usable directions, any container not
   answered yet that requests exactly `size` of the resource.
+* Directions are believed only where they fit the pod (`directions.mismatch`): its own
+  containers, each directed to no more devices than it requests. Others (a pod's author naming
+  containers it does not have, to answer for other pods' requests) count as no directions.
 * Exactly one match: that pod and container. With directions, the answer is `must_include` plus
   available devices on the directed GPUs (`honoured`) when there are enough of them; otherwise,
   and for a pod without usable directions, the node's own policy answers (a fallback, counted
@@ -64,6 +67,7 @@ class Fallback(StrEnum):
     NO_DIRECTIONS = "no-directions"  # the pod carries no annotation (directions off, other scheduler)
     MALFORMED = "malformed"  # an annotation this agent cannot read
     OTHER_NODE = "other-node"  # directions computed for another node
+    MISMATCHED = "mismatched"  # directions naming containers or devices the pod does not request
     UNAVAILABLE = "unavailable"  # a directed GPU lacks available devices
     AMBIGUOUS = "ambiguous"  # several pending pods match the request
     NO_POD = "no-pod"  # no pending pod on this node matches the request
@@ -209,9 +213,12 @@ class Director:
             except DirectionsError as e:
                 why_not, detail = Fallback.MALFORMED, str(e)
             else:
-                if d.node == self.node_name:
+                wrong = _mismatch(obj, d) if d.node == self.node_name else None
+                if d.node == self.node_name and wrong is None:
                     return _directed_match(d, uid, pod, answered, resource, reused, size)
                 why_not, detail = Fallback.OTHER_NODE, f"directions are for node {d.node}"
+                if wrong is not None:
+                    why_not, detail = Fallback.MISMATCHED, f"directions do not fit the pod: {wrong}"
         try:
             request = podrequests.decode_pod_request(obj, (resource,))
         except RequestError:
@@ -220,6 +227,15 @@ class Director:
             if c.amount(resource) == size and (c.name, resource) not in answered:
                 return _Match(uid, pod, c.name, None, why_not, detail)
         return None
+
+
+def _mismatch(obj: Mapping[str, Any], d: Directions) -> str | None:
+    """Why directions do not fit the pod's own containers and requests (None: they do)."""
+    try:
+        request = podrequests.decode_pod_request(obj, {r for c in d.containers for r in c.gpus})
+    except RequestError as e:
+        return str(e)
+    return directions.mismatch(d, request)
 
 
 def _first_admitted(matches: Sequence[_Match]) -> _Match | None:

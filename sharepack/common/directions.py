@@ -22,6 +22,10 @@ The annotation, one line of JSON (version 1):
   container matches a request when `len(must_include) + len(keys) == size`. Containers that
   take nothing new are left out: the kubelet never asks for them.
 
+Only the extender's service account may write the annotation (deploy/base/admission/
+gpu-directions.yaml), and readers believe it only where it fits the pod (`mismatch`): a pod's
+author cannot steer other pods' GPUs by naming containers it does not have.
+
 This module is the only reader and writer of that format (extender and agent both use it).
 """
 
@@ -37,6 +41,7 @@ import orjson
 
 from sharepack.common import devices
 from sharepack.common.errors import DirectionsError
+from sharepack.common.podrequests import PodRequest
 
 ANNOTATION = "sharepack.io/gpus"
 VERSION = 1
@@ -117,6 +122,28 @@ def decode(text: str, *, where: str) -> Directions:
             out[resource] = tuple(sorted(keys))
         containers.append(ContainerDirections(name, MappingProxyType(out)))
     return Directions(node, tuple(containers))
+
+
+def mismatch(d: Directions, request: PodRequest) -> str | None:
+    """Why `d` cannot be directions the extender wrote for the pod `request` describes; None
+    when they fit. The extender directs a pod's own containers, in the kubelet's order, each
+    once, and names per resource at most as many devices as the container requests of it
+    (fewer where it reuses an init container's). Anything else was not written for this pod:
+    readers then ignore the directions and the node's policy answers."""
+    order = {c.name: i for i, c in enumerate(request.containers)}
+    last = -1
+    for c in d.containers:
+        i = order.get(c.name)
+        if i is None:
+            return f"container {c.name!r} is not one of the pod's containers"
+        if i <= last:
+            return f"container {c.name!r} is named twice or out of the pod's order"
+        last = i
+        for resource, keys in c.gpus.items():
+            wanted = request.containers[i].amount(resource)
+            if not keys or len(keys) > wanted:
+                return f"container {c.name!r} is directed to {len(keys)} {resource} device(s) but requests {wanted}"
+    return None
 
 
 def choose_devices(

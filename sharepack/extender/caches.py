@@ -120,9 +120,10 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def directed_placement(obj: Any, node: str) -> Placement | None:
+def directed_placement(obj: Any, node: str, request: PodRequest) -> Placement | None:
     """The placement a bound pod's `sharepack.io/gpus` annotation names for `node`: what its
-    agent allocates, whichever extender replica wrote it. None without usable directions."""
+    agent allocates, whichever extender replica wrote it. None without usable directions, and
+    for directions that do not fit the pod's `request` (its agent ignores those too)."""
     raw = _meta(obj).get("annotations")
     text = raw.get(directions.ANNOTATION) if isinstance(raw, Mapping) else None
     if not isinstance(text, str):
@@ -132,7 +133,14 @@ def directed_placement(obj: Any, node: str) -> Placement | None:
     except DirectionsError as e:
         log.debug("%s", e)
         return None
-    return MappingProxyType(directions.placement(d)) if d.node == node else None
+    if d.node != node:
+        return None
+    wrong = directions.mismatch(d, request)
+    if wrong is not None:
+        log.debug("pod %s/%s: ignoring its directions, they do not fit it: %s",
+                  _meta(obj).get("namespace"), _meta(obj).get("name"), wrong)  # fmt: skip
+        return None
+    return MappingProxyType(directions.placement(d))
 
 
 class ClusterView:
@@ -489,7 +497,8 @@ class ClusterView:
             return
         if not pod.uid or not pod.node_name:
             return
-        request = self.relevant(podrequests.pod_request(pod, self.managed))
+        whole = podrequests.pod_request(pod, self.managed)
+        request = self.relevant(whole)
         if pod.phase in TERMINAL_PHASES:
             self.forget_pod(pod.uid, request)
             return
@@ -504,7 +513,7 @@ class ClusterView:
             self._settled.add(pod.uid)  # already counted by its agent
             self._changed()
             return
-        self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name))
+        self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name, whole))
 
     def delete_pod(self, obj: Any) -> None:
         if not isinstance(obj, Mapping):

@@ -92,6 +92,10 @@ async def test_a_pods_containers_are_directed_one_after_another_with_reused_devi
                      id="no pending pod asks for this size"),
         pytest.param([pod("p", ("main", 1), ann=annotation(NODE, ("main", [G0])), phase="Running")],
                      Fallback.NO_POD, id="a running pod is not pending"),
+        pytest.param([pod("p", ("main", 1), ann=annotation(NODE, ("ghost", [G0])))], Fallback.MISMATCHED,
+                     id="directions for a container the pod does not have"),
+        pytest.param([pod("p", ("main", 1), init=(("init", 1),), ann=annotation(NODE, ("main", [G0]), ("init", [G1])))],
+                     Fallback.MISMATCHED, id="directions out of the kubelet's order"),
     ],
 )  # fmt: skip
 async def test_the_nodes_policy_answers_when_the_request_cannot_be_matched_to_directions(
@@ -104,6 +108,29 @@ async def test_the_nodes_policy_answers_when_the_request_cannot_be_matched_to_di
     assert {r: n for r, n in d.counters.fallbacks.items() if n} == {reason: 1}
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"directed allocation not used ({reason}): ")
+
+
+async def test_a_pod_cannot_steer_another_pods_gpus_with_made_up_containers() -> None:
+    """Issue 24.1: an older pending pod (its image never pulls) whose annotation directs eight
+    containers it does not have to GPU 1 used to answer the kubelet's request for the victim,
+    which the extender directed to GPU 0: the victim got GPU 1. Directions that do not fit their
+    pod steer nothing now; the victim's own are honoured."""
+    t0, t1 = "2026-12-01T10:00:00Z", "2026-12-01T10:00:05Z"
+    forged = annotation(NODE, *((f"made-up-{i}", [G1]) for i in range(8)))
+    attacker = pod("attacker", ("main", 0), ann=forged, created=t0, rv="5")
+    victim = pod("victim", ("main", 1), ann=annotation(NODE, ("main", [G0])), created=t1, rv="9")
+    d = director([attacker, victim])
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G0}::0"]
+    assert d.counters.honoured == 1
+    assert d.holders() == {f"{G0}::0": "uid-victim"}
+
+
+async def test_directions_naming_more_devices_than_the_container_requests_are_not_believed() -> None:
+    greedy = pod("p", ("main", 1), ann=annotation(NODE, ("main", [G1, G1, G1])))
+    d = director([greedy])
+    assert await d.choose(resource(), ALL, [], 3) is None
+    assert await d.choose(resource(), ALL, [], 1) is None  # its real request: the node's policy
+    assert d.counters.honoured == 0 and d.counters.fallbacks[Fallback.MISMATCHED] == 1
 
 
 async def test_a_directed_gpu_without_enough_available_devices_falls_back() -> None:

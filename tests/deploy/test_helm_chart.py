@@ -266,9 +266,22 @@ def test_tls_secret_ports_and_scheduler_sources_come_from_values(helm: Path) -> 
     assert ext["tlsConfig"]["serverName"] == "sharepack-extender.sharepack-system.svc"
 
 
+def test_without_directed_gpus_the_extender_may_not_write_pods_at_all(helm: Path) -> None:
+    docs = _by_key(_render(helm, sets=("extender.directedGpus=false",)))
+    role = docs[("ClusterRole", "", "sharepack-extender")]
+    assert {v for rule in role["rules"] for v in rule["verbs"] if "pods" in rule["resources"]} == {"get", "list", "watch"}
+    args = docs[("Deployment", "sharepack-system", "sharepack-extender")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-directed-gpus" in args
+    # The default directs, with the one write that needs.
+    default = _by_key(_render(helm))[("ClusterRole", "", "sharepack-extender")]
+    assert any("patch" in rule["verbs"] for rule in default["rules"] if "pods" in rule["resources"])
+
+
 def test_extender_off_installs_no_extender_objects(helm: Path) -> None:
     docs = _by_key(_render(helm, sets=("extender.enabled=false",)))
     assert not [k for k in docs if "sharepack-extender" in k[2]]
+    # Nor its admission policies (they name its account); the agent's stays.
+    assert [k[2] for k in docs if k[0] == "ValidatingAdmissionPolicy"] == ["sharepack-agent-own-node"]
     assert ("DaemonSet", "sharepack-system", "sharepack-agent") in docs
 
 
@@ -280,10 +293,13 @@ def test_one_replica_gets_no_disruption_budget_that_would_block_every_drain(helm
 
 def test_custom_namespace_reaches_every_object_and_the_admission_rule(helm: Path) -> None:
     docs = _render(helm, sets=("namespace.name=gpu-system",))
-    namespaced = [d for d in docs if "namespace" in d["metadata"]]
+    # Every object but the agent's Events Role and its binding: the API server files events
+    # about a Node in `default` only.
+    namespaced = [d for d in docs if "namespace" in d["metadata"] and d["metadata"]["name"] != "sharepack-agent-events"]
     assert namespaced and {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
-    (vap,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    assert '"system:serviceaccount:gpu-system:sharepack-agent"' in vap["spec"]["matchConditions"][0]["expression"]
+    # The admission policies' parameters are the accounts in the release's namespace.
+    refs = {d["metadata"]["name"]: d["spec"]["paramRef"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert len(refs) == 3 and {r["namespace"] for r in refs.values()} == {"gpu-system"}
     (ns,) = [d for d in docs if d["kind"] == "Namespace"]
     assert ns["metadata"]["name"] == "gpu-system"
 

@@ -3,6 +3,7 @@ flags, ports, paths and objects the code actually uses (one source of truth, no 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -26,7 +27,7 @@ from sharepack.common import state
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.33.0"
-NOT_API_OBJECTS = {"kustomization.yaml", "kube-scheduler-config.yaml"}
+NOT_API_OBJECTS = {"kustomization.yaml", "kustomizeconfig.yaml", "kube-scheduler-config.yaml"}
 HELM = DEPLOY / "helm"  # templates, not manifests: tests/deploy/test_helm_chart.py renders and checks them
 
 
@@ -224,20 +225,63 @@ def test_every_resource_a_deployed_config_serves_on_a_simulated_machine_is_manag
             assert served <= managed, f"{where} on {machine} serves unmanaged {sorted(served - managed)}"
 
 
-def test_admission_policy_and_rbac_name_the_service_accounts_that_exist() -> None:
-    accounts = {
-        f"system:serviceaccount:{d['metadata']['namespace']}:{d['metadata']['name']}"
-        for _, d in _documents()
-        if d["kind"] == "ServiceAccount"
-    }
-    vap = _find("ValidatingAdmissionPolicy", "sharepack-agent-own-node")
-    (cond,) = vap["spec"]["matchConditions"]
-    named = re.search(r'"(system:serviceaccount:[^"]+)"', cond["expression"])
-    assert named and named.group(1) in accounts
-    for _, doc in _documents():
+def _accounts(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "ServiceAccount"}
+
+
+POLICY_ACCOUNTS = {  # each admission policy's binding: the account its parameter must be
+    "sharepack-agent-own-node": "sharepack-agent",
+    "sharepack-extender-pod-writes": "sharepack-extender",
+    "sharepack-gpu-directions": "sharepack-extender",
+}
+
+
+def _policy_parameters(docs: list[dict[str, Any]], prefix: str = "") -> dict[str, tuple[str, str]]:
+    """Binding name (without `prefix`) -> the (namespace, name) of the ServiceAccount it passes."""
+    out = {}
+    for d in docs:
+        if d["kind"] == "ValidatingAdmissionPolicyBinding":
+            ref = d["spec"]["paramRef"]
+            assert d["spec"]["policyName"] == d["metadata"]["name"], d["metadata"]["name"]
+            out[d["metadata"]["name"].removeprefix(prefix)] = (ref["namespace"], ref["name"])
+    return out
+
+
+def test_admission_policies_and_rbac_name_the_service_accounts_that_exist() -> None:
+    docs = [d for _, d in _documents()]
+    accounts = _accounts(docs)
+    for doc in docs:
+        if doc["kind"] == "ValidatingAdmissionPolicy":  # who is who comes from the parameter only
+            assert doc["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ServiceAccount"}
+            assert "system:serviceaccount:sharepack" not in yaml.safe_dump(doc["spec"])
+    parameters = _policy_parameters(docs)
+    assert {k: v[1] for k, v in parameters.items()} == POLICY_ACCOUNTS
+    assert set(parameters.values()) <= accounts
+    for doc in docs:
         if doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
             for subject in doc["subjects"]:
-                assert f"system:serviceaccount:{subject['namespace']}:{subject['name']}" in accounts
+                assert (subject["namespace"], subject["name"]) in accounts
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed")
+def test_an_overlay_that_moves_and_renames_the_accounts_moves_the_policies_parameters(tmp_path: Path) -> None:
+    """Issue 24.3: the agent's policy named `sharepack-system:sharepack-agent` literally, so an
+    overlay with `namespace: gpu-system` left it matching no one. Now each binding's parameter is
+    the account itself, and deploy/base/kustomizeconfig.yaml has kustomize move it along."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(DEPLOY / "base", overlay)  # kustomize takes no absolute base
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump({"namespace": "gpu-system", "namePrefix": "gpu-", "resources": [base]})
+    )
+    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    parameters = _policy_parameters(docs, prefix="gpu-")
+    assert parameters == {
+        policy: ("gpu-system", f"gpu-{account}") for policy, account in POLICY_ACCOUNTS.items()
+    }
+    assert set(parameters.values()) <= _accounts(docs)
 
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"

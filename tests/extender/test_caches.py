@@ -275,3 +275,19 @@ def test_a_pod_bound_by_another_replica_counts_where_its_directions_say() -> Non
     other["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(directions.Directions("node-b", d.containers))}
     view.upsert_pod(other)
     assert view.assumed["p2"].placement == {SHARED: ("GPU-0",)}
+
+
+def test_directions_that_do_not_fit_the_pod_count_nothing_where_they_say() -> None:
+    """Issue 24.1: a pod's author names GPUs for containers the pod does not have, or more
+    devices than it requests; this replica counts the pod where its own prediction puts it."""
+    from sharepack.common import directions
+
+    view = make()
+    for name, containers in (
+        ("ghost", (directions.ContainerDirections("not-in-the-pod", {SHARED: ("GPU-1",)}),)),
+        ("greedy", (directions.ContainerDirections("c", {SHARED: ("GPU-1", "GPU-1", "GPU-1")}),)),
+    ):
+        obj = pod_obj(name, "node-a")
+        obj["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(directions.Directions("node-a", containers))}
+        view.upsert_pod(obj)
+        assert view.assumed[name].placement == {SHARED: ("GPU-0",)}, name

@@ -159,7 +159,7 @@ AGENT_MAY = [
     ("get", "pods", "", "", "", ""), ("list", "pods", "", "", "", ""), ("watch", "pods", "", "", "", ""),
     ("create", "nodegpustates", GROUP, "", "", ""), ("update", "nodegpustates", GROUP, "status", "", ""),
     ("patch", "nodegpustates", GROUP, "status", "", ""), ("watch", "nodegpustates", GROUP, "", "", ""),
-    ("create", "events", "events.k8s.io", "", "default", ""), ("create", "events", "", "", "default", ""),
+    ("create", "events", "", "", "default", ""),
     ("get", "configmaps", "", "", NAMESPACE, "sharepack-agent-config"),
     ("watch", "configmaps", "", "", NAMESPACE, "sharepack-agent-config"),
 ]  # fmt: skip
@@ -169,6 +169,11 @@ AGENT_MAY_NOT = [
     ("update", "nodes", "", "", "", ""), ("patch", "nodes", "", "status", "", ""),
     ("get", "secrets", "", "", NAMESPACE, ""), ("get", "configmaps", "", "", NAMESPACE, "other"),
     ("list", "configmaps", "", "", "kube-system", ""), ("create", "serviceaccounts", "", "token", NAMESPACE, "sharepack-agent"),
+    # Events: core ones in `default` only, where the API server files events about a Node (24.7).
+    ("create", "events", "events.k8s.io", "", "default", ""), ("create", "events", "", "", "kube-system", ""),
+    ("create", "events", "", "", NAMESPACE, ""), ("create", "events", "", "", "", ""),
+    ("patch", "events", "", "", "default", ""), ("update", "events", "", "", "default", ""),
+    ("patch", "pods", "", "", "default", ""), ("create", "pods", "", "exec", "default", ""),
 ]  # fmt: skip
 EXTENDER_MAY = [
     ("get", "nodegpustates", GROUP, "", "", ""), ("list", "nodegpustates", GROUP, "", "", ""),
@@ -182,6 +187,8 @@ EXTENDER_MAY_NOT = [
     ("update", "pods", "", "", "default", ""), ("delete", "pods", "", "", "default", ""),
     ("patch", "pods", "", "status", "default", ""), ("get", "secrets", "", "", NAMESPACE, ""),
     ("list", "nodes", "", "", "", ""), ("create", "events", "", "", "default", ""),
+    ("patch", "nodes", "", "", "", ""), ("create", "pods", "", "exec", "default", ""),
+    ("create", "pods", "", "eviction", "default", ""), ("create", "serviceaccounts", "", "token", NAMESPACE, "sharepack-extender"),
 ]  # fmt: skip
 
 

@@ -52,6 +52,22 @@ def test_the_split_adds_up_to_the_predicted_placement(
     assert split is not None
     held = Counter(k for _, gpus in split for k in gpus.get(SHARED, ()))
     assert held == Counter(predicted.placement.get(SHARED, ()))
+    # What the extender writes always fits the pod it was written for (readers check, 24.1).
+    assert directions.mismatch(directions.from_placements("n", split), req) is None
+
+
+@pytest.mark.parametrize(
+    ("containers", "why"),
+    [
+        ((("ghost", ("GPU-0",)),), "container 'ghost' is not one of the pod's containers"),
+        ((("c0", ("GPU-0", "GPU-0")),), "container 'c0' is directed to 2 nvidia.com/gpu.shared device(s) but requests 1"),
+        ((("c0", ("GPU-0",)), ("c0", ("GPU-1",))), "container 'c0' is named twice or out of the pod's order"),
+        ((("c0", ("GPU-0",)), ("i0", ("GPU-1",))), "container 'i0' is named twice or out of the pod's order"),
+    ],
+)
+def test_directions_that_do_not_fit_the_pod_say_why(containers: tuple[tuple[str, tuple[str, ...]], ...], why: str) -> None:
+    d = Directions("n", tuple(ContainerDirections(name, {SHARED: keys}) for name, keys in containers))
+    assert directions.mismatch(d, request(1, init=[1])) == why
 
 
 # --- the annotation ---------------------------------------------------------------------------

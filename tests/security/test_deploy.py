@@ -20,6 +20,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from sharepack.agent import configwatching
 from sharepack.extender import authorizing
 from sharepack.extender.__main__ import tls_context
 from tests.security.stack import SERVED, tls_exchange, tls_server
@@ -179,10 +180,13 @@ def test_the_cidr_patch_opens_the_verbs_to_exactly_the_named_addresses() -> None
 # --- what each service account and container may do -------------------------------------------------
 
 
+KUSTOMIZE_FILES = ("kustomization.yaml", "kustomizeconfig.yaml")
+
+
 def granted(account: str) -> dict[str, set[str]]:
     """`resource` (or `resource/subresource`, `group:resource`) -> verbs, over every role bound to
     the service account in deploy/base."""
-    docs = [d for p in (DEPLOY / "base").rglob("*.yaml") if p.name != "kustomization.yaml" for d in documents(p)]
+    docs = [d for p in (DEPLOY / "base").rglob("*.yaml") if p.name not in KUSTOMIZE_FILES for d in documents(p)]
     roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("ClusterRole", "Role")}
     out: dict[str, set[str]] = {}
     for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
@@ -211,9 +215,14 @@ def test_the_agent_may_not_bind_write_pods_or_read_secrets() -> None:
     assert rights["pods"] == {"get", "list", "watch"} and rights["nodes"] == {"get", "list", "watch"}
     assert not {"pods/binding", "secrets", "pods/exec", "nodes/proxy"} & set(rights)
     assert all("*" not in verbs and "delete" not in verbs for verbs in rights.values())
-    # Its writes: NodeGpuState objects (narrowed to its own node by the admission policy) and Events.
+    # Its writes: NodeGpuState objects (narrowed to its own node by the admission policy) and
+    # core Events, created in `default` only (events about its Node; issue 24.7).
     writers = {r for r, verbs in rights.items() if verbs & {"create", "update", "patch"}}
-    assert writers == {"sharepack.io:nodegpustates", "sharepack.io:nodegpustates/status", "events", "events.k8s.io:events"}
+    assert writers == {"sharepack.io:nodegpustates", "sharepack.io:nodegpustates/status", "events"}
+    assert rights["events"] == {"create"}
+    (events,) = [d for d in documents(DEPLOY / "base" / "agent" / "rbac.yaml")
+                 if d["kind"] in ("Role", "ClusterRole") and any("events" in r["resources"] for r in d["rules"])]  # fmt: skip
+    assert (events["kind"], events["metadata"]["namespace"]) == ("Role", configwatching.EVENT_NAMESPACE)
 
 
 def test_the_agent_runs_as_root_without_capabilities_and_sees_two_host_directories() -> None:

@@ -28,7 +28,7 @@ def find(docs: Sequence[Mapping[str, Any]], kind: str, name: str) -> Mapping[str
     for doc in docs:
         if doc.get("kind") == kind and (doc.get("metadata") or {}).get("name") == name:
             return doc
-    raise LookupError(f"deploy/base has no {kind} {name}")
+    raise LookupError(f"the manifests have no {kind} {name}")
 
 
 def daemon_pod(daemonset: Mapping[str, Any], node: str) -> dict[str, Any]:
@@ -45,13 +45,20 @@ def daemon_pod(daemonset: Mapping[str, Any], node: str) -> dict[str, Any]:
 
 
 class Identities:
-    def __init__(self, control: RealControlPlane, manifests: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, control: RealControlPlane, manifests: Sequence[Mapping[str, Any]],
+        *, agent: str = AGENT_DAEMONSET, extender: str = EXTENDER_DEPLOYMENT,
+    ) -> None:  # fmt: skip
+        """`agent`, `extender`: the DaemonSet's and the Deployment's names in `manifests` (an
+        overlay with a `namePrefix` renames them)."""
         self._control = control
         self._manifests = manifests
+        self._agent = agent
+        self._extender = extender
 
     async def agent_kubeconfig(self, node: str) -> Path:
         """A kubeconfig with the token of the agent pod on `node` (the pod is created first)."""
-        daemonset = find(self._manifests, "DaemonSet", AGENT_DAEMONSET)
+        daemonset = find(self._manifests, "DaemonSet", self._agent)
         pod = daemon_pod(daemonset, node)
         namespace = pod["metadata"]["namespace"]
         api = api_client(self._control.kubeconfig)
@@ -67,7 +74,7 @@ class Identities:
         return self._control.token_kubeconfig(f"agent-{node}", token)
 
     async def extender_kubeconfig(self) -> Path:
-        deployment = find(self._manifests, "Deployment", EXTENDER_DEPLOYMENT)
+        deployment = find(self._manifests, "Deployment", self._extender)
         spec = deployment["spec"]["template"]["spec"]
         token = await self._control.service_account_token(
             deployment["metadata"]["namespace"], spec["serviceAccountName"]

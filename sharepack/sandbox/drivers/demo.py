@@ -154,10 +154,11 @@ class Sandbox(Stack):
     def __init__(
         self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path,
         *, control_plane: str = IN_PROCESS, extender_replicas: int = 1, agent_args: Sequence[str] = (),
-        node_labels: Mapping[str, str] | None = None, session_affinity: bool = True,
+        extender_args: Sequence[str] = (), node_labels: Mapping[str, str] | None = None, session_affinity: bool = True,
         before_nodes: Callable[[Sandbox], Awaitable[None]] | None = None,
     ) -> None:  # fmt: skip
-        """`agent_args`, `node_labels`: for every node; `before_nodes`: runs once the control
+        """`agent_args`, `node_labels`: for every node; `extender_args`: for every extender
+        replica (e.g. `--no-directed-gpus`); `before_nodes`: runs once the control
         plane is up, before any node or agent starts (objects the agents read at start)."""
         if control_plane not in CONTROL_PLANES:
             raise DemoError(f"invalid control plane: {control_plane} (choose from {', '.join(CONTROL_PLANES)})")
@@ -166,6 +167,7 @@ class Sandbox(Stack):
         self.root = root
         self.control_plane = control_plane
         self.agent_args = tuple(agent_args)
+        self.extender_args = tuple(extender_args)
         self.node_labels = dict(node_labels or {})
         self.session_affinity = session_affinity  # the extender Service's sessionAffinity: ClientIP
         self._before_nodes = before_nodes
@@ -276,6 +278,7 @@ class Sandbox(Stack):
                 sys.executable, "-m", "sharepack.extender",
                 f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
                 f"--kubeconfig={self.extender_kubeconfig}", "--log-format=text", *self.tls.extender_args(),
+                *self.extender_args,
             ],
             self.root / ("extender.log" if index == 0 else f"extender-{index}.log"),
         )  # fmt: skip
