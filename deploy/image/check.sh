@@ -43,7 +43,8 @@ installed = sorted(d.metadata["Name"].lower() for d in metadata.distributions())
 print("distributions:", " ".join(installed))
 for absent in ("sharepack.sandbox", "sharepack.tracesim", "sharepack.cli", "numpy", "matplotlib", "kubernetes_validate", "cryptography"):
     assert importlib.util.find_spec(absent) is None, f"{absent} is installed"
-print("imports: every module of agent and extender; absent: sandbox, tracesim, cli, numpy, matplotlib, "
+print("imports: every module of sharepack.agent and sharepack.extender; absent: sharepack.sandbox, "
+      "sharepack.tracesim, sharepack.cli, numpy, matplotlib, "
       "kubernetes_validate, cryptography")
 PY
 "$work/runtime/bin/sharepack-agent" --help > /dev/null
