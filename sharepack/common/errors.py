@@ -6,6 +6,7 @@
     ├── ConfigError            a config (file, env, flags) that fails validation; lists every problem
     ├── ResourceError          resources that cannot be built from an inventory + config
     ├── StateSchemaError       a published NodeGpuState this reader does not understand
+    ├── DraSchemaError         a ResourceSlice or ResourceClaim of our driver this reader does not understand
     └── DirectionsError        a pod's sharepack.io/gpus annotation this reader does not understand
 
 Messages are lowercase "what: why", naming the bad value and where it came from.
@@ -33,6 +34,10 @@ class ResourceError(SharepackError):
 
 
 class StateSchemaError(SharepackError):
+    pass
+
+
+class DraSchemaError(SharepackError):
     pass
 
 

@@ -243,6 +243,37 @@ def score_node(
         measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
         chosen = _directed_share(state, request, measure, admitted) if directed else None
         return _fragaware(state, chosen or placement, measure, admitted)
+    return _packed(state, placement, landed, node_policy)
+
+
+def score_placement(
+    state: NodeState,
+    placement: Placement,
+    node_policy: AnyNodePolicy,
+    *,
+    workload: fragmentation.TypicalWorkload | None = None,
+    admitted: tuple[int, int] = _ALL_ADMITTED,
+) -> NodeScore:
+    """Score the node under `node_policy` for a pod that lands on `placement` (resource ->
+    physical GPU keys, one per device), however the placement was predicted: `score_node`
+    replays the agent's loop, the DRA mode the scheduler's first-fit allocator
+    (`common.draallocation`). Keys the state does not list for a resource are ignored."""
+    if node_policy == NodePolicy.FRAGAWARE:
+        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        return _fragaware(state, placement, measure, admitted)
+    landed: list[tuple[GpuState, int]] = []
+    for name, keys in placement.items():
+        res = state.resource(name)
+        if res is not None:
+            by_key = {g.key: g for g in res.gpus}
+            landed.extend((by_key[k], cnt) for k, cnt in Counter(keys).items() if k in by_key)
+    return _packed(state, placement, landed, node_policy)
+
+
+def _packed(
+    state: NodeState, placement: Placement, landed: Sequence[tuple[GpuState, int]], node_policy: AnyNodePolicy
+) -> NodeScore:
+    """`packed` (or its reverse) for a pod whose devices land as `landed` (GPU, devices)."""
     used_before = {g.key for r in state.resources for g in r.gpus if g.allocated > 0}
     all_gpus = {g.key for r in state.resources for g in r.gpus}
     devices = 0
@@ -262,7 +293,7 @@ def score_node(
     rank = packed if node_policy == Policy.PACKED else 1.0 - packed
     score = min(max(_round_half_up(rank), MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
     reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
-    return NodeScore(True, score, reason, MappingProxyType(placement), rank=rank)
+    return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
 
 
 ContainerPlacements = tuple[tuple[str, Placement], ...]  # (container name, its new devices), kubelet order

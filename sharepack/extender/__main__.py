@@ -33,11 +33,11 @@ from typing import Any
 
 from aiohttp import web
 
-from sharepack.common import addresses, fragmentation, podrequests, scoring
+from sharepack.common import addresses, draslices, fragmentation, podrequests, scoring
 from sharepack.common import state as published
 from sharepack.common.errors import ConfigError
 from sharepack.common.policies import NodePolicy
-from sharepack.extender import authorizing, directing
+from sharepack.extender import authorizing, directing, draview
 from sharepack.extender.binding import ApiBinder, Binder
 from sharepack.extender.bindguard import BindGuard, UnscoredBinds
 from sharepack.extender.caches import ClusterView, pod_handler, state_handler
@@ -52,6 +52,8 @@ DEFAULT_LISTEN = "0.0.0.0:8888"
 DEFAULT_ASSUME_TTL_S = 120.0
 DEFAULT_RESYNC_S = 300.0
 DEFAULT_STATE_MAX_AGE_S = published.STALE_AFTER_S
+MODE_DEVICE_PLUGIN = "device-plugin"
+MODE_DRA = "dra"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ class Options:
     state_max_age_s: float = DEFAULT_STATE_MAX_AGE_S  # 0: no age check
     filter_tier_width: int = scoring.DEFAULT_TIER_WIDTH  # 0: the filter passes every feasible node
     directed_gpus: bool = True  # annotate bound pods with their GPUs (extender.directing)
+    mode: str = MODE_DEVICE_PLUGIN  # where node states come from: NodeGpuState, or DRA (extender.draview)
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -152,10 +155,14 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="the filter passes only this many best feasible nodes by the node policy's "
                         "own rank (ties by name), so the scheduler cannot scatter GPU pods; 0 "
                         "passes all (default: %(default)s)")  # fmt: skip
-    p.add_argument("--directed-gpus", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--directed-gpus", action=argparse.BooleanOptionalAction, default=None,
                    help="at bind, write the physical GPUs the pod was counted on into its "
                         "sharepack.io/gpus annotation, for the node's agent to allocate on "
-                        "(default: on)")  # fmt: skip
+                        "(default: on; off in the DRA mode, where the scheduler allocates)")  # fmt: skip
+    p.add_argument("--mode", default=MODE_DEVICE_PLUGIN, choices=[MODE_DEVICE_PLUGIN, MODE_DRA],
+                   help="where node states come from: NodeGpuState objects (device-plugin) or the "
+                        "gpu.sharepack.io ResourceSlices and the ResourceClaims allocated from them "
+                        "(dra; states do not age there) (default: %(default)s)")  # fmt: skip
     a = p.parse_args(list(argv))
     if a.filter_tier_width < 0:
         p.error(f"invalid --filter-tier-width option: {a.filter_tier_width} (want 0 or more)")
@@ -186,6 +193,8 @@ def parse_args(argv: Sequence[str]) -> Options:
             tls_context(a.tls_cert_file, a.tls_private_key_file, a.client_ca_file)
         except ValueError as e:
             p.error(str(e))
+    if a.mode == MODE_DRA and a.directed_gpus:
+        p.error("--directed-gpus does not apply with --mode dra: the scheduler allocates the devices")
     workload = None
     if a.typical_workload is not None:
         try:
@@ -215,9 +224,11 @@ def parse_args(argv: Sequence[str]) -> Options:
         max_body_bytes=a.max_body_bytes,
         assume_ttl_s=a.assume_ttl,
         resync_s=a.resync,
-        state_max_age_s=a.state_max_age_seconds,
+        # ResourceSlices have no heartbeat: a node's slices are withdrawn when its plugin goes.
+        state_max_age_s=0.0 if a.mode == MODE_DRA else a.state_max_age_seconds,
         filter_tier_width=a.filter_tier_width,
-        directed_gpus=a.directed_gpus,
+        directed_gpus=a.mode != MODE_DRA and a.directed_gpus is not False,
+        mode=a.mode,
     )
     try:
         opts.host_port
@@ -319,7 +330,7 @@ class Service:
             custom = aio.CustomObjectsApi(self._watch_api)
             core = aio.CoreV1Api(self._watch_api)
             self.informers = [
-                Reflector(
+                *(self._dra_informers(custom) if opts.mode == MODE_DRA else [Reflector(
                     partial(custom.list_cluster_custom_object_without_preload_content,
                             published.GROUP, published.VERSION, published.PLURAL),
                     what="nodegpustates",
@@ -327,7 +338,7 @@ class Service:
                     on_event=state_handler(self.view),
                     watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
                     keep_cache=False,  # ClusterView keeps what it needs, decoded
-                ),  # fmt: skip
+                )]),  # fmt: skip
                 Reflector(
                     partial(core.list_pod_for_all_namespaces_without_preload_content, field_selector="spec.nodeName!="),
                     what="pods bound to nodes",
@@ -348,6 +359,27 @@ class Service:
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.metrics_port = 0  # --metrics-listen's bound port; 0: not serving it
+
+    def _dra_informers(self, custom: Any) -> list[Reflector]:
+        """The DRA mode's sources: this driver's ResourceSlices and every ResourceClaim (the
+        API cannot select claims by driver), fed through `extender.draview` into the view."""
+        states = draview.DraStates(self.view)
+        group, version = draslices.GROUP, draslices.VERSION
+        timing: dict[str, Any] = dict(watch_timeout_s=60, resync_s=self.opts.resync_s, backoff_initial_s=0.2,
+                                      backoff_max_s=10.0, keep_cache=False)  # fmt: skip
+        return [
+            Reflector(
+                partial(custom.list_cluster_custom_object_without_preload_content, group, version, draview.SLICES,
+                        field_selector=f"spec.driver={draslices.DRIVER}"),
+                what="resourceslices", on_list=lambda cache: states.replace_slices(list(cache.values())),
+                on_event=draview.slice_handler(states), **timing,
+            ),  # fmt: skip
+            Reflector(
+                partial(custom.list_cluster_custom_object_without_preload_content, group, version, draview.CLAIMS),
+                what="resourceclaims", on_list=lambda cache: states.replace_claims(list(cache.values())),
+                on_event=draview.claim_handler(states), **timing,
+            ),  # fmt: skip
+        ]
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)

@@ -20,7 +20,7 @@ import numpy as np
 
 from sharepack.common import scoring
 from sharepack.common.errors import SharepackError
-from sharepack.tracesim import kubescheduler, policies, reporting, running, sharing, traces, workloads
+from sharepack.tracesim import dra, kubescheduler, policies, reporting, running, sharing, traces, workloads
 from sharepack.tracesim.errors import PolicyError
 
 
@@ -68,6 +68,21 @@ def _parser() -> argparse.ArgumentParser:
         "--directed",
         action="store_true",
         help="kube model: the GPUs the extender chose, not the node agent's own choice (directed allocation)",
+    )
+    p.add_argument(
+        "--dra-order",
+        choices=[o.value for o in dra.DeviceOrder],
+        default=dra.DeviceOrder.INDEX.value,
+        help="the DRA policies: the order of a node's devices in its ResourceSlice, which the scheduler's "
+        "first-fit allocator follows: index (static, GPU by GPU) or packed (republished fullest GPU first) "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--dra-whole",
+        choices=[w.value for w in dra.WholeGpus],
+        default=dra.WholeGpus.GPU.value,
+        help="the DRA policies: a whole-GPU pod asks R replicas per GPU as in the other rows (replicas; "
+        "a claim holds at most 32 devices) or whole-GPU devices of their own class (gpu) (default: %(default)s)",
     )
     p.add_argument(
         "--extender-pods",
@@ -119,7 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = kubescheduler.SHAREPACK
         if args.scheduler_config is not None:
             config = kubescheduler.load_config(args.scheduler_config)
-        kube = policies.KubeOptions(kube_config(config, args.extender_pods), args.filter_tier_width, args.directed)
+        kube = policies.KubeOptions(
+            kube_config(config, args.extender_pods),
+            args.filter_tier_width,
+            args.directed,
+            dra.DeviceOrder(args.dra_order),
+            dra.WholeGpus(args.dra_whole),
+        )
         model = None if args.scheduler_model is None else policies.SchedulerModel(args.scheduler_model)
         specs = running.default_specs(names, args.share_model, args.replicas, model, kube)
         pods = traces.load_pods(args.pods)
@@ -137,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(reporting.failures_table(results))
         # Paired against what users have without us (kube model), or against FGD (study model).
-        baselines = [b for b in policies.KUBE_BASELINES if b in results] or [b for b in ("fgd",) if b in results]
+        baselines = [b for b in (*policies.KUBE_BASELINES, dra.ALONE) if b in results] or [b for b in ("fgd",) if b in results]
         if baselines and len(results) > len(baselines):
             print()
             print(reporting.paired_table(results, baselines))

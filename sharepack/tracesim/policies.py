@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from sharepack.common import scoring
 from sharepack.common.policies import NodePolicy
-from sharepack.tracesim import baselines, fragaware, kubescheduler, sharing
+from sharepack.tracesim import baselines, dra, fragaware, kubescheduler, sharing
 from sharepack.tracesim.baselines import Scorer
 from sharepack.tracesim.errors import PolicyError
 from sharepack.tracesim.kubescheduler import SchedulerConfig
@@ -28,7 +28,9 @@ STUDY = tuple(baselines.BASELINES)  # random, dotprod, clustering, packing, best
 EXTENDER = ("packed", "distributed", NodePolicy.FRAGAWARE.value)  # what the extender runs
 KUBE_BASELINES = {"kube-default": kubescheduler.KUBE_DEFAULT, "kube-binpack": kubescheduler.KUBE_BINPACK}
 OURS = ("packed", "distributed", fragaware.NAME, NodePolicy.FRAGAWARE.value)
-NAMES = STUDY + OURS + tuple(KUBE_BASELINES)
+# The DRA mode (`tracesim.dra`): the scheduler's first fit alone, and with our extender ranking.
+DRA = (dra.ALONE, *(dra.PREFIX + p for p in EXTENDER))
+NAMES = STUDY + OURS + tuple(KUBE_BASELINES) + DRA
 
 
 class SchedulerModel(StrEnum):
@@ -43,6 +45,8 @@ class KubeOptions:
     config: SchedulerConfig = kubescheduler.SHAREPACK
     tier_width: int = scoring.DEFAULT_TIER_WIDTH  # the extender's --filter-tier-width
     directed: bool = False  # GPUs as the extender chose them (directed allocation), not the agent's
+    dra_order: dra.DeviceOrder = dra.DeviceOrder.INDEX  # the DRA mode: the order of a node's devices
+    dra_whole: dra.WholeGpus = dra.WholeGpus.GPU  # the DRA mode: how whole-GPU pods ask
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,17 @@ def resolve(
     if name not in NAMES:
         raise PolicyError(f"invalid --policy {name}: expected one of {', '.join(NAMES)}")
     scheduler = scheduler or default_model(name)
+    if scheduler is SchedulerModel.KUBE and dra.is_dra(name):
+        sharing.check_replicas(replicas)
+        allocating = dra.scheduler(
+            name,
+            config=kube.config,
+            tier_width=kube.tier_width,
+            replicas=replicas,
+            order=kube.dra_order,
+            whole=kube.dra_whole,
+        )
+        return PolicySpec(name, allocating, replicas, SchedulerModel.KUBE)
     if scheduler is SchedulerModel.KUBE:
         if name not in EXTENDER and name not in KUBE_BASELINES:
             raise PolicyError(f"invalid --policy {name} with --scheduler-model kube: it runs only in the study model")
@@ -92,7 +107,7 @@ def resolve(
                 kube.config, extender=extender, placer=placer, tier_width=kube.tier_width, replicas=replicas
             )
         return PolicySpec(name, scorer, replicas, SchedulerModel.KUBE)
-    if name in KUBE_BASELINES:
+    if name in KUBE_BASELINES or dra.is_dra(name):
         raise PolicyError(f"invalid --policy {name} with --scheduler-model study: it runs only in the kube model")
     if name in baselines.BASELINES:
         return PolicySpec(name, baselines.BASELINES[name])

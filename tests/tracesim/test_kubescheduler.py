@@ -107,16 +107,20 @@ def test_plugin_weights_and_strategy_come_from_the_file() -> None:
     assert (c.fit_strategy, c.fit_weight, c.balanced_weight, c.extender_weight) == ("MostAllocated", 4, 0, None)
 
 
+def cli_trace(write: Callable[[str, str], Path], pod_lines: Callable[..., str], node_lines: Callable[..., str]) -> list[str]:
+    """`--pods` and `--nodes` of a small trace the CLI tests run: 60 GPU pods, 8 CPU pods, 9 nodes."""
+    pods = [(f"pod-{i:03d}", 2000 + 500 * (i % 5), 4096, 1, (250, 500, 1000, 750)[i % 4], "") for i in range(60)]
+    pods += [(f"cpu-{i}", 4000, 4096, 0, 0, "") for i in range(8)]
+    nodes = [(f"n{i}", 64000, 262144, (2, 4, 8)[i % 3], "T4") for i in range(9)]
+    return ["--pods", str(write("p.csv", pod_lines(pods))), "--nodes", str(write("n.csv", node_lines(nodes)))]
+
+
 def test_the_cli_runs_the_kube_model_with_the_baselines(
     write: Callable[[str, str], Path], pod_lines: Callable[..., str], node_lines: Callable[..., str],
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    pods = [(f"pod-{i:03d}", 2000 + 500 * (i % 5), 4096, 1, (250, 500, 1000, 750)[i % 4], "") for i in range(60)]
-    pods += [(f"cpu-{i}", 4000, 4096, 0, 0, "") for i in range(8)]
-    nodes = [(f"n{i}", 64000, 262144, (2, 4, 8)[i % 3], "T4") for i in range(9)]
     out = tmp_path / "kube.csv"
-    rc = main(["--pods", str(write("p.csv", pod_lines(pods))), "--nodes", str(write("n.csv", node_lines(nodes))),
-               "--scheduler-model", "kube", "--policy", "kube-default,kube-binpack,packed,fragaware",
+    rc = main([*cli_trace(write, pod_lines, node_lines), "--scheduler-model", "kube", "--policy", "kube-default,kube-binpack,packed,fragaware",
                "--seeds", "2", "--csv", str(out), "--plot", str(tmp_path / "k.png")])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     with out.open() as f:
