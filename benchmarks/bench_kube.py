@@ -29,7 +29,7 @@ from bench_tracesim import baseline_loop  # noqa: E402  (benchmarks/ is sys.path
 
 WORKLOADS = ("default", "cpu250", "gpushare100", "multigpu50", "gpuspec33")
 BASELINES = ("kube-default", "kube-binpack")
-OURS = ("packed", "fragaware")
+OURS = ("shipped", "fragaware")  # shipped: exactly deploy/'s configuration (`--policy shipped`)
 
 
 def main() -> int:
@@ -39,14 +39,16 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--other-seeds", type=int, help="seeds for the workloads other than default (default: --seeds)")
     p.add_argument("--simulate-args", default="", help="sharepack-simulate flags for our policies' kube model")
+    p.add_argument("--ours", default=",".join(OURS), help="our policies to run (default: %(default)s)")
     args = p.parse_args()
+    ours = tuple(n for n in args.ours.split(",") if n)
     sim = _parser().parse_args(["--scheduler-model", "kube", *shlex.split(args.simulate_args)])
     config = kube_config(kubescheduler.SHAREPACK, sim.extender_pods)
-    kube = policies.KubeOptions(config, tier_width=sim.filter_tier_width, directed=sim.directed)
-    names = BASELINES + OURS
+    kube = policies.KubeOptions(config, tier_width=sim.filter_tier_width, directed=sim.directed, gpu_models=sim.gpu_models)
+    names = BASELINES + ours
     specs = running.default_specs(names, "replicas", sim.replicas, policies.SchedulerModel.KUBE, kube)
     yardstick = baseline_loop()
-    pairs = [(o, b) for o in OURS for b in BASELINES]
+    pairs = [(o, b) for o in ours for b in BASELINES]
     print(f"kube model: {shlex.join(sys.argv[1:])}; baseline loop {yardstick:.2f} s")
     print("| workload | seeds | " + " | ".join(names) + " | " + " | ".join(f"{o} − {b}" for o, b in pairs) + " |")
     print("|---" * (2 + len(names) + len(pairs)) + "|")

@@ -176,3 +176,16 @@ def choose_devices(
             return f"GPU {key} has {len(have)} of the {n} directed device(s) available"
         chosen.extend(have[:n])
     return chosen
+
+
+def of_pod(obj: Any, node: str) -> Directions | None:
+    """A pod's (JSON) `sharepack.io/gpus` directions when they are for `node`; None when it has
+    none or they name another node. Raises DirectionsError when they do not decode."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    annotations = meta.get("annotations")
+    text = annotations.get(ANNOTATION) if isinstance(annotations, Mapping) else None
+    if not isinstance(text, str):
+        return None
+    d = decode(text, where=f"pod {meta.get('namespace')}/{meta.get('name')}")
+    return d if d.node == node else None

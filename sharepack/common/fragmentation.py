@@ -36,6 +36,7 @@ from itertools import accumulate
 
 import yaml
 
+from sharepack.common import noderoom
 from sharepack.common.errors import ConfigError
 
 MILLI = 1000
@@ -94,31 +95,60 @@ def _check_shapes(shapes: Sequence[Shape]) -> list[str]:
 
 
 # The default trace of the FGD study (Alibaba cluster-trace-gpu-v2023, openb_pod_list_default,
-# 8,152 pods) as the extender sees pods: GPU pods only, by (GPU count, per-GPU share), the most
-# frequent shapes until they cover 95 % of the GPU pods (the study's threshold), weighted by
-# their pod counts. (CPU and GPU model, which the study's shapes also carry, are not in a
-# NodeGpuState; CPU-only pods change no node's ranking.) Regenerate from another trace with
-# `--typical-workload FILE`.
+# 8,152 pods), its typical workload as the study (and `sharepack-simulate`) takes it: pod shapes
+# by (GPU count, per-GPU share, CPU request; zero CPU counted as 100m, as kube-scheduler scores
+# it), the most frequent until they cover 95 % of the pods, CPU-only pods included, weighted by
+# their pod counts. CPU is what lets the CPU-aware ranks see GPUs stranded by CPU (`admitted`);
+# the study's shapes carry no memory, and no shape here asks for a GPU model. Regenerate from
+# another trace with `--typical-workload FILE`.
 DEFAULT_TYPICAL_WORKLOAD = TypicalWorkload(
     shapes=(
-        Shape(1, 1000, 3911),
-        Shape(1, 810, 1078),
-        Shape(1, 470, 750),
-        Shape(1, 320, 328),
-        Shape(1, 650, 253),
-        Shape(1, 230, 140),
-        Shape(1, 460, 128),
-        Shape(1, 590, 75),
-        Shape(1, 160, 74),
+        Shape(1, 810, 1047, cpu=3152),
+        Shape(1, 1000, 874, cpu=11300),
+        Shape(1, 1000, 599, cpu=11400),
+        Shape(1, 1000, 470, cpu=3152),
+        Shape(1, 470, 388, cpu=11908),
+        Shape(0, 0, 366, cpu=12500),
+        Shape(1, 470, 360, cpu=8000),
+        Shape(1, 1000, 326, cpu=12000),
+        Shape(0, 0, 290, cpu=32000),
+        Shape(1, 1000, 255, cpu=18708),
+        Shape(1, 650, 237, cpu=11908),
+        Shape(1, 320, 232, cpu=4000),
+        Shape(1, 1000, 195, cpu=9810),
+        Shape(0, 0, 185, cpu=8000),
+        Shape(1, 1000, 164, cpu=8000),
+        Shape(1, 1000, 159, cpu=4000),
+        Shape(1, 1000, 158, cpu=15700),
+        Shape(1, 1000, 153, cpu=11908),
+        Shape(1, 1000, 150, cpu=16000),
+        Shape(1, 230, 122, cpu=4000),
+        Shape(0, 0, 120, cpu=15400),
+        Shape(1, 460, 120, cpu=6000),
+        Shape(0, 0, 95, cpu=16500),
+        Shape(1, 1000, 93, cpu=14200),
+        Shape(1, 1000, 84, cpu=24200),
+        Shape(1, 590, 75, cpu=3152),
+        Shape(1, 320, 72, cpu=8000),
+        Shape(1, 550, 72, cpu=4152),
+        Shape(1, 1000, 55, cpu=11900),
+        Shape(1, 160, 54, cpu=4000),
+        Shape(1, 370, 45, cpu=4152),
+        Shape(1, 220, 43, cpu=4000),
+        Shape(1, 1000, 41, cpu=8200),
+        Shape(1, 1000, 36, cpu=15200),
+        Shape(1, 810, 31, cpu=4152),
     ),
-    source="built-in: FGD default trace (openb_pod_list_default), GPU pods, 95 % coverage",
+    source="built-in: FGD default trace (openb_pod_list_default), 95 % coverage, with CPU",
 )
 
 
 def load_typical_workload(text: str, source: str) -> TypicalWorkload:
-    """A typical workload from YAML: `shapes: [{gpus: 1, share: 0.5, weight: 120}, ...]`.
+    """A typical workload from YAML: `shapes: [{gpus: 1, share: 0.5, weight: 120, cpu: 4}, ...]`.
 
-    `share` is the per-GPU fraction (0 < share <= 1, kept to milli-GPU); `gpus` defaults to 1.
+    `share` is the per-GPU fraction (0 < share <= 1, kept to milli-GPU; ignored with `gpus: 0`,
+    a CPU-only shape); `gpus` defaults to 1; `cpu` and `memory` (optional, Kubernetes
+    quantities: `4`, `3152m`, `16Gi`) are what the shape requests besides GPUs.
     Raises ConfigError naming every problem.
     """
     try:
@@ -131,12 +161,21 @@ def load_typical_workload(text: str, source: str) -> TypicalWorkload:
     shapes: list[Shape] = []
     problems: list[str] = []
     for i, item in enumerate(raw):
-        if not isinstance(item, dict) or set(item) - {"gpus", "share", "weight"}:
-            problems.append(f"shapes[{i}]: invalid value {item!r}: want a mapping of gpus, share, weight")
+        if not isinstance(item, dict) or set(item) - {"gpus", "share", "weight", "cpu", "memory"}:
+            problems.append(f"shapes[{i}]: invalid value {item!r}: want a mapping of gpus, share, weight, cpu, memory")
             continue
-        gpus, share, weight = item.get("gpus", 1), item.get("share"), item.get("weight")
+        gpus, share, weight = item.get("gpus", 1), item.get("share", 0 if item.get("gpus") == 0 else None), item.get("weight")
         if not isinstance(gpus, int) or isinstance(gpus, bool):
             problems.append(f"shapes[{i}].gpus: invalid value {gpus!r}: want an integer")
+            continue
+        try:
+            cpu = math.ceil(noderoom.quantity(item.get("cpu", 0), f"shapes[{i}].cpu") * 1000)
+            memory = math.ceil(noderoom.quantity(item.get("memory", 0), f"shapes[{i}].memory") / noderoom.MIB)
+        except noderoom.QuantityError as e:
+            problems.append(f"{e}: want a Kubernetes quantity (4, 3152m, 16Gi)")
+            continue
+        if cpu < 0 or memory < 0:
+            problems.append(f"shapes[{i}]: invalid cpu or memory {item.get('cpu')!r}, {item.get('memory')!r}: want >= 0")
             continue
         if not isinstance(share, int | float) or isinstance(share, bool):
             problems.append(f"shapes[{i}].share: invalid value {share!r}: want a number in (0, 1]")
@@ -144,7 +183,7 @@ def load_typical_workload(text: str, source: str) -> TypicalWorkload:
         if not isinstance(weight, int | float) or isinstance(weight, bool):
             problems.append(f"shapes[{i}].weight: invalid value {weight!r}: want a number > 0")
             continue
-        shapes.append(Shape(gpus, round(share * MILLI) if gpus else 0, weight))
+        shapes.append(Shape(gpus, round(share * MILLI) if gpus else 0, weight, cpu=cpu, memory=memory))
     problems.extend(_check_shapes(shapes) if not problems else [])
     if problems:
         raise ConfigError(source, problems)

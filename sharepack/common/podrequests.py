@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from sharepack.common import noderoom
 from sharepack.common.errors import RequestError
 
 DEFAULT_MANAGED_PREFIXES: tuple[str, ...] = ("nvidia.com/",)
@@ -63,6 +64,9 @@ class Pod:
     phase: str = ""  # status.phase
     scheduler_name: str = DEFAULT_SCHEDULER_NAME  # spec.schedulerName
     deleting: bool = False  # metadata.deletionTimestamp is set
+    # What kube-scheduler counts the pod for (`common.noderoom.pod_requests`): milli-CPU, MiB.
+    cpu: int = 0
+    memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +88,18 @@ class PodRequest:
     namespace: str
     name: str
     containers: tuple[ContainerRequest, ...]  # kubelet order: init + sidecars, then apps
+    # CPU (milli) and memory (MiB) the pod requests: what the CPU-aware ranks count on a node.
+    cpu: int = 0
+    memory: int = 0
     # What the kubelet (and kube-scheduler) count for the pod, per resource, sorted by name.
     totals: tuple[tuple[str, int], ...] = field(init=False)
     # A string (strings cache their hash) naming everything the simulation depends on: two
     # requests with the same shape score the same on the same node state.
     shape: str = field(init=False)
+    # The shape's devices part alone: with the node's `admitted` shapes (what its CPU and memory
+    # admit before and after the pod), all a score depends on, so alike nodes share scores
+    # across pods that differ only in CPU (`common.scoring.ScoreTemplates`).
+    gpu_shape: str = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "totals", _effective_totals(self.containers))
@@ -96,7 +107,9 @@ class PodRequest:
             f"{c.kind.value[0]}:" + ",".join(f"{r}={n}" for r, n in c.amounts)
             for c in self.containers
         ]
-        object.__setattr__(self, "shape", "|".join(parts))
+        gpu_shape = "|".join(parts)
+        object.__setattr__(self, "gpu_shape", gpu_shape)
+        object.__setattr__(self, "shape", f"{gpu_shape}|cpu={self.cpu},mem={self.memory}" if self.cpu or self.memory else gpu_shape)
 
     @property
     def resources(self) -> tuple[str, ...]:
@@ -162,7 +175,7 @@ def pod_request(pod: Pod, managed: Managed | None = None) -> PodRequest:
             if count > 0:
                 amounts[name] = count
         containers.append(ContainerRequest(c.name, c.kind, tuple(sorted(amounts.items()))))
-    return PodRequest(pod.uid, pod.namespace, pod.name, tuple(containers))
+    return PodRequest(pod.uid, pod.namespace, pod.name, tuple(containers), pod.cpu, pod.memory)
 
 
 def restrict(request: PodRequest, keep: Callable[[str], bool]) -> PodRequest:
@@ -173,7 +186,7 @@ def restrict(request: PodRequest, keep: Callable[[str], bool]) -> PodRequest:
         ContainerRequest(c.name, c.kind, tuple((r, n) for r, n in c.amounts if keep(r)))
         for c in request.containers
     )
-    return PodRequest(request.uid, request.namespace, request.name, containers)
+    return PodRequest(request.uid, request.namespace, request.name, containers, request.cpu, request.memory)
 
 
 # --- the raw Pod JSON -------------------------------------------------------------------------
@@ -270,6 +283,7 @@ def decode_pod(doc: Any, managed: Managed | None = None) -> Pod:
     meta = _mapping(doc, "metadata", "")
     spec = _mapping(doc, "spec", "")
     status = _mapping(doc, "status", "")
+    cpu, memory = noderoom.pod_requests(doc)
     return Pod(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or ""),
@@ -280,6 +294,8 @@ def decode_pod(doc: Any, managed: Managed | None = None) -> Pod:
         phase=str(status.get("phase") or ""),
         scheduler_name=str(spec.get("schedulerName") or DEFAULT_SCHEDULER_NAME),
         deleting=bool(meta.get("deletionTimestamp")),
+        cpu=cpu,
+        memory=memory,
     )
 
 

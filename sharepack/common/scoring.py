@@ -29,8 +29,9 @@ With `landed` the devices the pod would take, three terms in 0..1:
               partly used GPU is the fragment that strands later whole-GPU requests; a pod
               that takes exactly a whole GPU's worth of replicas fragments nothing by landing
               on a free one.
-* `gpu_use` — share of the node's physical GPUs in use after the pod lands.
-              Higher means the pod goes to fuller nodes, so whole nodes stay free.
+* `gpu_use` — the node's physical GPUs in use after the pod lands, counted up to
+              `GPU_USE_SCALE` (not a share of the node's: that draws pods to the
+              smallest nodes). Higher means fuller nodes, so whole nodes stay free.
 * `fit`     — how full the GPUs the pod lands on are afterwards (device-weighted mean of
               (allocated + unhealthy + landed) / total). A tie-breaker: best fit.
 
@@ -75,7 +76,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TypeVar
 
-from sharepack.common import allocation, fragmentation
+from sharepack.common import allocation, fragmentation, shipped, stranding
 from sharepack.common.podrequests import ContainerKind, PodRequest
 from sharepack.common.policies import NodePolicy, Policy, Sharing
 from sharepack.common.state import GpuState, NodeState, ResourceState
@@ -83,8 +84,9 @@ from sharepack.common.state import GpuState, NodeState, ResourceState
 MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
 # The extender's filter passes this many of the best feasible nodes (`best_tier`); 0: all.
-DEFAULT_TIER_WIDTH = 0
+DEFAULT_TIER_WIDTH = shipped.FILTER_TIER_WIDTH
 
+GPU_USE_SCALE = 8  # `gpu_use` saturates at this many GPUs in use (a large node's GPU count)
 W_REUSE = 0.6
 W_GPU_USE = 0.3
 W_FIT = 0.1
@@ -108,6 +110,12 @@ class NodeScore:
     # The node policy's fine-grained rank (higher is better), before the rounding to 0..10:
     # what the tier filter (`best_tier`) orders nodes by. 0 for unknown and infeasible nodes.
     rank: float = 0.0
+
+
+def cpu_aware(node_policy: AnyNodePolicy) -> bool:
+    """Whether the policy ranks with the node's CPU and memory left (`admitted`): `fragaware`
+    (FGD's measure counts GPUs stranded by CPU) and `packed` (`common.stranding`)."""
+    return node_policy in (NodePolicy.FRAGAWARE, NodePolicy.PACKED)
 
 
 def _infeasible(reason: str, *, unresolvable: bool = False) -> NodeScore:
@@ -203,21 +211,24 @@ def score_node(
     node_policy: AnyNodePolicy,
     *,
     workload: fragmentation.TypicalWorkload | None = None,
-    admitted: tuple[int, int] = _ALL_ADMITTED,
+    admitted: tuple[int, int] | None = None,
     directed: bool = False,
 ) -> NodeScore:
     """Predict the pod's placement on this node and score the node under `node_policy`.
 
     `fragaware` only: `workload` is its typical workload (default: the built-in one);
     `admitted` the shapes the node's CPU and memory admit before and after the pod lands
-    (`Fragmentation.admitted`; default: all, for callers that do not know them); `directed`
+    (`Fragmentation.admitted`; None: unknown, every shape counts as admitted and a pod without
+    GPUs is not ranked; `packed` subtracts the GPUs the pod strands, `common.stranding`); `directed`
     scores the placement the extender would choose and direct the agent to (for a share on
     one replicated GPU, the GPU with the best `placement_rank`), not the agent's own."""
     if request.empty:
-        if node_policy == NodePolicy.FRAGAWARE and admitted != _ALL_ADMITTED:
+        if node_policy == NodePolicy.FRAGAWARE and admitted is not None:
             # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
             measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
             return _fragaware(state, _EMPTY, measure, admitted)
+        if node_policy == Policy.PACKED and admitted is not None:
+            return _packed_without_gpus(state, admitted, workload)
         return NO_REQUEST
     for name, total in request.totals:
         res = state.resource(name)
@@ -241,9 +252,10 @@ def score_node(
 
     if node_policy == NodePolicy.FRAGAWARE:
         measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        chosen = _directed_share(state, request, measure, admitted) if directed else None
-        return _fragaware(state, chosen or placement, measure, admitted)
-    return _packed(state, placement, landed, node_policy)
+        known = admitted or _ALL_ADMITTED
+        chosen = _directed_share(state, request, measure, known) if directed else None
+        return _fragaware(state, chosen or placement, measure, known)
+    return _packed(state, placement, landed, node_policy, admitted=admitted, workload=workload)
 
 
 def score_placement(
@@ -252,7 +264,7 @@ def score_placement(
     node_policy: AnyNodePolicy,
     *,
     workload: fragmentation.TypicalWorkload | None = None,
-    admitted: tuple[int, int] = _ALL_ADMITTED,
+    admitted: tuple[int, int] | None = None,
 ) -> NodeScore:
     """Score the node under `node_policy` for a pod that lands on `placement` (resource ->
     physical GPU keys, one per device), however the placement was predicted: `score_node`
@@ -260,20 +272,27 @@ def score_placement(
     (`common.draallocation`). Keys the state does not list for a resource are ignored."""
     if node_policy == NodePolicy.FRAGAWARE:
         measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        return _fragaware(state, placement, measure, admitted)
+        return _fragaware(state, placement, measure, admitted or _ALL_ADMITTED)
     landed: list[tuple[GpuState, int]] = []
     for name, keys in placement.items():
         res = state.resource(name)
         if res is not None:
             by_key = {g.key: g for g in res.gpus}
             landed.extend((by_key[k], cnt) for k, cnt in Counter(keys).items() if k in by_key)
-    return _packed(state, placement, landed, node_policy)
+    return _packed(state, placement, landed, node_policy, admitted=admitted, workload=workload)
 
 
 def _packed(
-    state: NodeState, placement: Placement, landed: Sequence[tuple[GpuState, int]], node_policy: AnyNodePolicy
+    state: NodeState,
+    placement: Placement,
+    landed: Sequence[tuple[GpuState, int]],
+    node_policy: AnyNodePolicy,
+    *,
+    admitted: tuple[int, int] | None,
+    workload: fragmentation.TypicalWorkload | None,
 ) -> NodeScore:
-    """`packed` (or its reverse) for a pod whose devices land as `landed` (GPU, devices)."""
+    """`packed` (or its reverse) for a pod whose devices land as `landed` (GPU, devices); with
+    `admitted` known, `packed` subtracts the GPUs the pod's CPU and memory strand."""
     used_before = {g.key for r in state.resources for g in r.gpus if g.allocated > 0}
     all_gpus = {g.key for r in state.resources for g in r.gpus}
     devices = 0
@@ -288,12 +307,36 @@ def _packed(
     reuse = unfragmenting / devices if devices else 0.0
     fit = filled / devices if devices else 0.0
     used_after = used_before | {g.key for g, _ in landed}
-    gpu_use = len(used_after) / len(all_gpus) if all_gpus else 0.0
+    # GPUs in use after the pod, counted up to GPU_USE_SCALE, not as a share of the node's: a
+    # share makes a one-GPU node look full after one pod and draws every pod to the smallest
+    # nodes, whose GPU models the pods that ask for them then miss (issue 19, gpuspec33 trace:
+    # 18.6 % unallocated with the share, 12.1 % counted).
+    gpu_use = min(len(used_after), GPU_USE_SCALE) / GPU_USE_SCALE if all_gpus else 0.0
     packed = W_REUSE * reuse + W_GPU_USE * gpu_use + W_FIT * fit
     rank = packed if node_policy == Policy.PACKED else 1.0 - packed
-    score = min(max(_round_half_up(rank), MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
     reason = f"reuse={reuse:.2f} gpu_use={gpu_use:.2f} fit={fit:.2f}"
+    if node_policy == Policy.PACKED and admitted is not None:
+        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        lost = stranding.stranded_gpus(measure, tuple(free_shares(state, placement).values()), admitted)
+        rank -= stranding.STRAND_WEIGHT * lost
+        reason += f" stranded={lost:.2f}"
+    score = min(max(_round_half_up(rank), MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
     return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
+
+
+def _packed_without_gpus(
+    state: NodeState, admitted: tuple[int, int], workload: fragmentation.TypicalWorkload | None
+) -> NodeScore:
+    """`packed` for a pod that takes no GPU but CPU or memory: to the node whose GPU share is
+    most used (its CPU is worth least to GPU pods), never taking the CPU the node's free GPUs
+    need (`common.stranding`)."""
+    free = free_shares(state)
+    gpu_use = 1.0 - sum(free.values()) / (fragmentation.MILLI * len(free)) if free else 1.0
+    measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+    lost = stranding.stranded_gpus(measure, tuple(free.values()), admitted)
+    rank = W_REUSE + W_GPU_USE * gpu_use + W_FIT * gpu_use - stranding.STRAND_WEIGHT * lost
+    score = min(max(_round_half_up(rank), MIN_EXTENDER_PRIORITY), MAX_EXTENDER_PRIORITY)
+    return NodeScore(True, score, f"no GPUs; gpu_use={gpu_use:.2f} stranded={lost:.2f}", _EMPTY, rank=rank)
 
 
 ContainerPlacements = tuple[tuple[str, Placement], ...]  # (container name, its new devices), kubelet order
@@ -514,7 +557,7 @@ class ScoreTemplates:
     ints when a scorer is built (on the watch path), so a lookup hashes an int and a string.
     """
 
-    __slots__ = ("node_policy", "workload", "_ids", "_memo", "_next", "max_entries")
+    __slots__ = ("node_policy", "workload", "directed", "_ids", "_memo", "_next", "max_entries")
 
     def __init__(
         self,
@@ -522,11 +565,15 @@ class ScoreTemplates:
         *,
         max_entries: int = 1 << 16,
         workload: fragmentation.TypicalWorkload | None = None,
+        directed: bool = False,
     ) -> None:
         self.node_policy = node_policy
         self.workload = workload
+        self.directed = directed  # `score_node(directed=)`: the placement the extender directs
         self._ids: dict[tuple[object, ...], int] = {}
-        self._memo: dict[tuple[int, str], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]] = {}
+        self._memo: dict[
+            tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]
+        ] = {}
         self._next = 0
         self.max_entries = max_entries
 
@@ -540,12 +587,15 @@ class ScoreTemplates:
         return sid
 
     def _entry(
-        self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest
+        self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest,
+        admitted: tuple[int, int] | None,
     ) -> tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]:
-        memo_key = (sid, request.shape)
+        memo_key = (sid, request.gpu_shape, admitted)  # CPU matters only through `admitted`
         hit = self._memo.get(memo_key)
         if hit is None:
-            s = score_node(state, request, self.node_policy, workload=self.workload)
+            s = score_node(
+                state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed
+            )
             pos = {k: i for i, k in enumerate(keys)}
             where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
             if len(self._memo) >= self.max_entries:
@@ -553,9 +603,12 @@ class ScoreTemplates:
             hit = self._memo[memo_key] = (s, where)
         return hit
 
-    def score(self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest) -> NodeScore:
+    def score(
+        self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest,
+        admitted: tuple[int, int] | None = None,
+    ) -> NodeScore:
         """The node's own score: the shared one with the placement renamed to its GPUs."""
-        s, where = self._entry(sid, keys, state, request)
+        s, where = self._entry(sid, keys, state, request, admitted)
         if not where:
             return s
         placement = MappingProxyType({r: tuple(keys[i] for i in idx) for r, idx in where})
@@ -563,9 +616,12 @@ class ScoreTemplates:
             return s
         return NodeScore(s.feasible, s.score, s.reason, placement, s.unresolvable, s.rank)
 
-    def verdict(self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest) -> NodeScore:
+    def verdict(
+        self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest,
+        admitted: tuple[int, int] | None = None,
+    ) -> NodeScore:
         """The shared score as is: its placement may name an alike node's GPUs."""
-        return self._entry(sid, keys, state, request)[0]
+        return self._entry(sid, keys, state, request, admitted)[0]
 
 
 class NodeScorer:
@@ -575,7 +631,9 @@ class NodeScorer:
     Build a new one whenever the node's effective state changes; the old memo goes with it.
     """
 
-    __slots__ = ("state", "version", "node_policy", "workload", "_memo", "_templates", "_sid", "_keys")
+    __slots__ = (
+        "state", "version", "node_policy", "workload", "room", "directed", "_memo", "_templates", "_sid", "_keys"
+    )
 
     def __init__(
         self,
@@ -585,12 +643,17 @@ class NodeScorer:
         *,
         templates: ScoreTemplates | None = None,
         workload: fragmentation.TypicalWorkload | None = None,
+        room: tuple[int, int] | None = None,
+        directed: bool | None = None,
     ) -> None:
         self.state = state
         self.version = version
         self.node_policy = node_policy
         # `fragaware`'s workload: given, else the templates' (so a cache passes it once).
         self.workload = workload if workload is not None or templates is None else templates.workload
+        # The node's CPU (milli) and memory (MiB) left, when known: the CPU-aware ranks use it.
+        self.room = room if cpu_aware(node_policy) else None
+        self.directed = directed if directed is not None else templates is not None and templates.directed
         self._memo: dict[str, NodeScore] = {}
         self._templates: ScoreTemplates | None = None
         self._sid = 0
@@ -602,14 +665,30 @@ class NodeScorer:
                 self._sid = templates.intern(sig[0])
                 self._keys = sig[1]
 
+    def admitted(self, request: PodRequest) -> tuple[int, int] | None:
+        """The typical shapes the node's CPU and memory admit before and after `request`; None
+        when the node's room is unknown (or the policy does not look at it)."""
+        if self.room is None:
+            return None
+        measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        cpu, memory = self.room
+        before = measure.admitted(cpu, memory)
+        if not request.cpu and not request.memory:
+            return before, before
+        return before, measure.admitted(cpu - request.cpu, memory - request.memory)
+
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)
         if hit is None:
             t = self._templates
+            admitted = self.admitted(request)
             if t is None:
-                hit = score_node(self.state, request, self.node_policy, workload=self.workload)
+                hit = score_node(
+                    self.state, request, self.node_policy, workload=self.workload, admitted=admitted,
+                    directed=self.directed,
+                )  # fmt: skip
             else:
-                hit = t.score(self._sid, self._keys, self.state, request)
+                hit = t.score(self._sid, self._keys, self.state, request, admitted)
             self._memo[request.shape] = hit
         return hit
 
@@ -623,7 +702,7 @@ class NodeScorer:
         t = self._templates
         if t is None:
             return self.score(request)
-        return t.verdict(self._sid, self._keys, self.state, request)
+        return t.verdict(self._sid, self._keys, self.state, request, self.admitted(request))
 
     def __len__(self) -> int:
         return len(self._memo)

@@ -26,24 +26,24 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from sharepack.common import addresses, draslices, fragmentation, podrequests, scoring
-from sharepack.common import state as published
+from sharepack.common import addresses, draslices, fragmentation, podrequests, scoring, shipped, state as published
 from sharepack.common.errors import ConfigError
 from sharepack.common.policies import NodePolicy
-from sharepack.extender import authorizing, directing, draview
+from sharepack.extender import authorizing, directing, draview, noderesources
 from sharepack.extender.binding import ApiBinder, Binder
 from sharepack.extender.bindguard import BindGuard, UnscoredBinds
 from sharepack.extender.caches import ClusterView, pod_handler, state_handler
 from sharepack.kube import clients
 from sharepack.kube.reflecting import Reflector
 from sharepack.extender.metrics import Metrics
+from sharepack.extender.noderesources import NodeResources
 from sharepack.extender.server import DEFAULT_MAX_BODY_BYTES, Extender
 
 log = logging.getLogger("extender")
@@ -59,7 +59,7 @@ MODE_DRA = "dra"
 @dataclass(frozen=True, slots=True)
 class Options:
     listen: str = DEFAULT_LISTEN
-    node_policy: NodePolicy = NodePolicy.PACKED
+    node_policy: NodePolicy = shipped.NODE_POLICY
     typical_workload: fragmentation.TypicalWorkload | None = None  # fragaware; None: built in
     kubeconfig: str | None = None
     in_cluster: bool = True  # try the in-cluster config when no kubeconfig is given
@@ -81,7 +81,7 @@ class Options:
     resync_s: float = DEFAULT_RESYNC_S
     state_max_age_s: float = DEFAULT_STATE_MAX_AGE_S  # 0: no age check
     filter_tier_width: int = scoring.DEFAULT_TIER_WIDTH  # 0: the filter passes every feasible node
-    directed_gpus: bool = True  # annotate bound pods with their GPUs (extender.directing)
+    directed_gpus: bool = shipped.DIRECTED_GPUS  # annotate bound pods with their GPUs (extender.directing)
     mode: str = MODE_DEVICE_PLUGIN  # where node states come from: NodeGpuState, or DRA (extender.draview)
 
     @property
@@ -107,7 +107,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to serve on")
     p.add_argument(
         "--node-policy",
-        default=str(NodePolicy.PACKED),
+        default=str(shipped.NODE_POLICY),
         choices=[x.value for x in NodePolicy],
         help="how to rank nodes: packed keeps whole GPUs and nodes free, distributed spreads, "
         "fragaware grows the FGD study's GPU fragmentation least",
@@ -227,7 +227,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         # ResourceSlices have no heartbeat: a node's slices are withdrawn when its plugin goes.
         state_max_age_s=0.0 if a.mode == MODE_DRA else a.state_max_age_seconds,
         filter_tier_width=a.filter_tier_width,
-        directed_gpus=a.mode != MODE_DRA and a.directed_gpus is not False,
+        directed_gpus=a.mode != MODE_DRA and (shipped.DIRECTED_GPUS if a.directed_gpus is None else a.directed_gpus),
         mode=a.mode,
     )
     try:
@@ -315,10 +315,14 @@ class Service:
         self.opts = opts
         self.api = api
         self.metrics = Metrics()
+        # The CPU-aware ranks need every node's CPU and memory (a Node watch; the pod watch
+        # counts every bound pod's requests): extender.noderesources.
+        self.resources = NodeResources() if scoring.cpu_aware(opts.node_policy) and api is not None else None
         self.view = ClusterView(
             opts.node_policy, metrics=self.metrics, assume_ttl=opts.assume_ttl_s,
             max_age_s=opts.state_max_age_s, workload=opts.typical_workload,
-            tier_width=opts.filter_tier_width,
+            tier_width=opts.filter_tier_width, resources=self.resources,
+            directed=opts.directed_gpus and opts.node_policy == NodePolicy.FRAGAWARE,
         )  # fmt: skip
         self.informers: list[Reflector] = []
         self._watch_api: Any | None = None  # kubernetes.aio client of the reflectors
@@ -342,12 +346,23 @@ class Service:
                 Reflector(
                     partial(core.list_pod_for_all_namespaces_without_preload_content, field_selector="spec.nodeName!="),
                     what="pods bound to nodes",
-                    on_list=lambda cache: self.view.replace_pods(list(cache.values())),
-                    on_event=pod_handler(self.view),
+                    on_list=self._on_pod_list,
+                    on_event=self._pod_handler(),
                     watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
                     keep_cache=False,  # ClusterView keeps what it needs, decoded
                 ),  # fmt: skip
             ]
+            if self.resources is not None:
+                resources = self.resources
+                # Before the pods: a node's room needs its allocatable first.
+                self.informers.insert(1, Reflector(
+                    core.list_node_without_preload_content,
+                    what="nodes",
+                    on_list=lambda cache: resources.replace_nodes(list(cache.values())),
+                    on_event=noderesources.node_handler(resources),
+                    watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
+                    keep_cache=False,
+                ))  # fmt: skip
             binder = ApiBinder(self._watch_api)
             binder = directing.DirectingBinder(binder, self.view, api) if opts.directed_gpus else binder
         guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds)
@@ -359,6 +374,16 @@ class Service:
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.metrics_port = 0  # --metrics-listen's bound port; 0: not serving it
+
+    def _on_pod_list(self, cache: Mapping[tuple[str, str], dict[str, Any]]) -> None:
+        pods = list(cache.values())
+        if self.resources is not None:
+            self.resources.replace_pods(pods)
+        self.view.replace_pods(pods)
+
+    def _pod_handler(self) -> Callable[[str, Any], None]:
+        handler = pod_handler(self.view)
+        return handler if self.resources is None else noderesources.pod_handler(self.resources, handler)
 
     def _dra_informers(self, custom: Any) -> list[Reflector]:
         """The DRA mode's sources: this driver's ResourceSlices and every ResourceClaim (the

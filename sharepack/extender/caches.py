@@ -50,6 +50,7 @@ from sharepack.common.scoring import NodeScore, NodeScorer, Placement, ScoreTemp
 from sharepack.common.state import NodeState, from_status, observed_epoch
 from sharepack.extender import protocol
 from sharepack.extender.metrics import Metrics, NodeGauges, node_gauges
+from sharepack.extender.noderesources import NodeResources
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,9 @@ class WireScorer(NodeScorer):
         node_policy: Policy | NodePolicy,
         version: object,
         templates: ScoreTemplates | None = None,
+        room: tuple[int, int] | None = None,  # CPU and memory left (extender.noderesources)
     ) -> None:
-        super().__init__(state, node_policy, version, templates=templates)
+        super().__init__(state, node_policy, version, templates=templates, room=room)
         self.name = name
         self.fresh_until = NEVER_STALE
         self._prefix = protocol.host_prefix(name)
@@ -124,16 +126,12 @@ def directed_placement(obj: Any, node: str, request: PodRequest) -> Placement | 
     """The placement a bound pod's `sharepack.io/gpus` annotation names for `node`: what its
     agent allocates, whichever extender replica wrote it. None without usable directions, and
     for directions that do not fit the pod's `request` (its agent ignores those too)."""
-    raw = _meta(obj).get("annotations")
-    text = raw.get(directions.ANNOTATION) if isinstance(raw, Mapping) else None
-    if not isinstance(text, str):
-        return None
     try:
-        d = directions.decode(text, where=f"pod {_meta(obj).get('namespace')}/{_meta(obj).get('name')}")
+        d = directions.of_pod(obj, node)
     except DirectionsError as e:
         log.debug("%s", e)
         return None
-    if d.node != node:
+    if d is None:
         return None
     wrong = directions.mismatch(d, request)
     if wrong is not None:
@@ -156,8 +154,14 @@ class ClusterView:
         wall_clock: Callable[[], float] = time.time,
         workload: fragmentation.TypicalWorkload | None = None,  # `fragaware` only; default built in
         tier_width: int = 0,  # the filter passes only this many best nodes (`scoring.best_tier`); 0: all
+        resources: NodeResources | None = None,  # nodes' CPU and memory: the CPU-aware ranks use them
+        directed: bool = False,  # predict the placement the extender directs (`score_node(directed=)`)
     ) -> None:
         self.node_policy = node_policy
+        self.directed = directed
+        self.resources = resources
+        if resources is not None:
+            resources.on_change = self.refresh_node
         self.tier_width = tier_width
         self.metrics = metrics or Metrics()
         self.assume_ttl = assume_ttl
@@ -184,7 +188,7 @@ class ClusterView:
         self.on_change: Callable[[], None] | None = None  # called after every cache change
         self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
         self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
-        self.templates = ScoreTemplates(node_policy, workload=workload)
+        self.templates = ScoreTemplates(node_policy, workload=workload, directed=directed)
         # Per node gauge rows, recomputed with each published state (never per scrape).
         self.gauges: dict[str, NodeGauges] = {}
         self.metrics.node_rows(lambda: tuple(self.gauges.values()))
@@ -397,7 +401,7 @@ class ClusterView:
         for i in survivors:
             scorer = self.scorers.get(names[i])
             known = scorer is not None and scorer.fresh_until > now
-            entries.append((scorer.verdict(request).rank if scorer is not None and known else -math.inf, names[i]))
+            entries.append((scorer.verdict(request).rank if scorer is not None and known else self._unknown_rank(names[i], request), names[i]))
         keep = [survivors[k] for k in scoring.best_tier(entries, self.tier_width)]
         kept = set(keep)
         reason = f"outside the best {self.tier_width} node(s) by {self.node_policy} (--filter-tier-width)"
@@ -405,6 +409,35 @@ class ClusterView:
             if i not in kept:
                 failed[names[i]] = reason
         return keep
+
+    def _unknown_rank(self, name: str, request: PodRequest) -> float:
+        """A node without a usable state ranks below every known one, except for a pod that
+        needs no GPU on a node that has none (`NodeResources.gpu_free`): there it strands
+        nothing, so it ranks above them."""
+        r = self.resources
+        return math.inf if request.empty and r is not None and r.gpu_free(name) else -math.inf
+
+    @property
+    def ranks_every_pod(self) -> bool:
+        """Whether pods that request no GPU are ranked too (a CPU-aware policy knowing nodes'
+        CPU and memory): they decide whether a GPU node keeps the CPU its GPUs need."""
+        return self.resources is not None and scoring.cpu_aware(self.node_policy)
+
+    def refresh_node(self, name: str) -> None:
+        """The node's CPU or memory room changed: rescore it."""
+        if name in self.published:
+            self._rebuild(name)
+
+    def count_resources(self, uid: str, node: str, request: PodRequest) -> None:
+        """Count the pod's CPU and memory on `node` now (at bind, before the pod watch shows it)."""
+        if self.resources is not None:
+            self.resources.assume(uid, node, request.cpu, request.memory)
+
+    def uncount_resources(self, uid: str, node: str) -> None:
+        """Undo `count_resources` after a failed bind (only if still counted on `node`)."""
+        r = self.resources
+        if r is not None and r.pods.get(uid, ("",))[0] == node:
+            r.forget(uid)
 
     def host_priorities(self, names: Sequence[str], request: PodRequest) -> list[bytes]:
         """Each node's wire-encoded HostPriority; unknown or stale nodes get the lowest score."""
@@ -418,7 +451,8 @@ class ClusterView:
         for name in names:
             scorer = scorers.get(name)
             if scorer is None or scorer.fresh_until <= now:
-                append(host_priority(name, unknown))
+                rank = self._unknown_rank(name, request) if request.empty else -math.inf
+                append(host_priority(name, scoring.MAX_EXTENDER_PRIORITY if rank > 0 else unknown))
             else:
                 append(scorer._wire.get(shape) or scorer.host_priority(request))
         return parts
@@ -463,7 +497,8 @@ class ClusterView:
             for uid in self._assumed_on.get(name, ()):
                 state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
             self._generation += 1
-            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates)
+            room = self.resources.room(name) if self.resources is not None else None
+            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room)
             scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
             for request in self._shapes.values():
                 scorer.host_priority(request)  # memoises the filter's verdict too
@@ -616,6 +651,10 @@ class ClusterView:
             log.info("pod %s: not directing its GPUs on node %s: %s", uid, node,
                      predicted.reason if predicted is not None else "not predicted")  # fmt: skip
             return ()
+        if self.directed and len(request.containers) == 1:
+            # The policy chose the GPUs itself (`fragaware`: a share's GPU, as FGD chooses it),
+            # not the agent's loop: direct them.
+            split = ((request.containers[0].name, predicted.placement),)
         joined = directions.placement(directions.from_placements(node, split))
         # The split comes from the same loop as the prediction; renaming alike nodes' shared
         # scores must not change it. If it ever did, directing would break the prediction.
@@ -658,13 +697,15 @@ class ClusterView:
 
     def remember(self, request: PodRequest) -> None:
         """Keep the request of a pod being scheduled: /bind carries only its name and UID."""
-        if not request.uid or request.empty:
+        if not request.uid:
             return
         recent = self._recent
         recent[request.uid] = request
         recent.move_to_end(request.uid)
         if len(recent) > RECENT_REQUESTS:
             recent.popitem(last=False)
+        if request.empty:
+            return  # nothing to prescore; kept above so that /bind need not read the pod
         shapes = self._shapes
         shapes[request.shape] = request
         shapes.move_to_end(request.shape)

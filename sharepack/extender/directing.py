@@ -54,7 +54,7 @@ class DirectingBinder:
         request = self._view.recalled(args.pod_uid) if args.pod_uid else None
         if request is None and args.pod_uid:
             request = await self._read_request(args)
-        if request is not None:
+        if request is not None and not request.empty:  # a CPU-only pod has no GPUs to direct
             await self._catch_up(args.node)
         split = self._view.direct(args.pod_uid, args.node, request) if request is not None else ()
         if split:

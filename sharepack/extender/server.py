@@ -143,7 +143,7 @@ class Extender:
         if pod is None:
             log.warning("filter: cannot read the pod: %s", args.pod_error)
             return self._json(protocol.encode_filter(args, everyone, {}, {}, args.pod_error))
-        if pod.empty:
+        if pod.empty and not self.view.ranks_every_pod:
             self.guard.filtered(args.pod_uid, args.node_names, everyone)
             return self._json(protocol.encode_filter(args, everyone, {}, {}))
         survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod)
@@ -162,7 +162,7 @@ class Extender:
         pod = self._request(args)
         names = args.node_names
         self.guard.prioritized(args.pod_uid, names)
-        if pod is None or pod.empty:
+        if pod is None or (pod.empty and not self.view.ranks_every_pod):
             return self._json(protocol.encode_priorities(names, [0] * len(names)))
         return self._json(protocol.join_priorities(self.view.host_priorities(names, pod)))
 
@@ -192,9 +192,11 @@ class Extender:
         if not counts_itself and not verdict.request.empty and uid not in self.view.assumed:
             self.view.assume(uid, args.node, verdict.request)
             assumed_now = uid in self.view.assumed
+        self.view.count_resources(uid, args.node, verdict.request)  # its CPU and memory, any pod
         try:
             await self.binder.bind(args)
         except BindError as e:
+            self.view.uncount_resources(uid, args.node)
             if assumed_now:
                 self.view.forget_pod(uid)  # not bound: nothing holds those devices
             m.bind(False)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sharepack.common import scoring
+from sharepack.common import scoring, shipped
 from sharepack.common.errors import SharepackError
 from sharepack.tracesim import dra, kubescheduler, policies, reporting, running, sharing, traces, workloads
 from sharepack.tracesim.errors import PolicyError
@@ -66,8 +66,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--directed",
-        action="store_true",
-        help="kube model: the GPUs the extender chose, not the node agent's own choice (directed allocation)",
+        action=argparse.BooleanOptionalAction,
+        default=shipped.DIRECTED_GPUS,
+        help="kube model: the GPUs the extender chose, not the node agent's own choice (directed allocation, "
+        "as the extender's --directed-gpus; default: on, as shipped)",
+    )
+    p.add_argument(
+        "--gpu-models",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="kube model: the CPU-aware ranks know which GPU models each typical shape allows "
+        "(the deployed extender's typical workload names none) (default: off)",
     )
     p.add_argument(
         "--dra-order",
@@ -138,8 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             kube_config(config, args.extender_pods),
             args.filter_tier_width,
             args.directed,
-            dra.DeviceOrder(args.dra_order),
-            dra.WholeGpus(args.dra_whole),
+            gpu_models=args.gpu_models,
+            dra_order=dra.DeviceOrder(args.dra_order),
+            dra_whole=dra.WholeGpus(args.dra_whole),
         )
         model = None if args.scheduler_model is None else policies.SchedulerModel(args.scheduler_model)
         specs = running.default_specs(names, args.share_model, args.replicas, model, kube)

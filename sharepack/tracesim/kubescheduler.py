@@ -16,8 +16,9 @@ change the choice.
   score `int((1 - |f_cpu - f_mem| / 2) * 100)` (fractions of allocatable, capped at 1) with and
   without the pod, combined as `50 + (50 + with - without) // 2`; skipped for a pod that
   requests nothing.
-* The extender (GPU pods only: `managedResources`): its filter runs after the in-tree filters,
-  its 0..10 score counts `score x weight x 10`.
+* The extender (every pod, as shipped; GPU pods only when the configuration lists
+  `managedResources`): its filter runs after the in-tree filters, then passes its best
+  `tier_width` nodes; its 0..10 score counts `score x weight x 10`.
 * The node: uniformly at random among the best totals (the scheduler's reservoir sampling),
   from the run's seeded generator.
 
@@ -170,7 +171,6 @@ profiles:
 extenders:
 - prioritizeVerb: prioritize
   weight: 5
-  managedResources: [{name: nvidia.com/gpu}, {name: nvidia.com/gpu.shared}]
 """,
     "built-in sharepack configuration",
 )
@@ -348,7 +348,9 @@ class KubeScheduler:
                 ranks = verdicts.rank[ok]
                 floor = np.partition(ranks, len(ranks) - self.tier_width)[len(ranks) - self.tier_width]
                 ok = ok[ranks >= floor]
-                entries = list(zip(verdicts.rank[ok].tolist(), cluster.rank[idx[ok]].tolist(), strict=True))
+                # Ties by node name, as the extender breaks them (not the run's seeded node order).
+                names = cluster.nodes.names
+                entries = list(zip(verdicts.rank[ok].tolist(), [names[i] for i in idx[ok].tolist()], strict=True))
                 ok = ok[scoring.best_tier(entries, self.tier_width)]
             if len(ok) < len(idx):
                 idx, verdicts = idx[ok], verdicts.take(ok)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from sharepack.common import scoring
+from sharepack.common import scoring, shipped
 from sharepack.common.policies import NodePolicy
 from sharepack.tracesim import baselines, dra, fragaware, kubescheduler, sharing
 from sharepack.tracesim.baselines import Scorer
@@ -27,7 +27,10 @@ from sharepack.tracesim.sharing import ShareModel
 STUDY = tuple(baselines.BASELINES)  # random, dotprod, clustering, packing, bestfit, fgd
 EXTENDER = ("packed", "distributed", NodePolicy.FRAGAWARE.value)  # what the extender runs
 KUBE_BASELINES = {"kube-default": kubescheduler.KUBE_DEFAULT, "kube-binpack": kubescheduler.KUBE_BINPACK}
-OURS = ("packed", "distributed", fragaware.NAME, NodePolicy.FRAGAWARE.value)
+# Exactly what deploy/ ships (`common.shipped`, deploy/scheduler's configuration), whatever the
+# kube-model flags say: the configuration the README's headline figures are of.
+SHIPPED = "shipped"
+OURS = ("packed", "distributed", fragaware.NAME, NodePolicy.FRAGAWARE.value, SHIPPED)
 # The DRA mode (`tracesim.dra`): the scheduler's first fit alone, and with our extender ranking.
 DRA = (dra.ALONE, *(dra.PREFIX + p for p in EXTENDER))
 NAMES = STUDY + OURS + tuple(KUBE_BASELINES) + DRA
@@ -44,7 +47,11 @@ class KubeOptions:
 
     config: SchedulerConfig = kubescheduler.SHAREPACK
     tier_width: int = scoring.DEFAULT_TIER_WIDTH  # the extender's --filter-tier-width
-    directed: bool = False  # GPUs as the extender chose them (directed allocation), not the agent's
+    # GPUs as the extender chose them (directed allocation, on as shipped), not the agent's loop.
+    directed: bool = shipped.DIRECTED_GPUS
+    # The CPU-aware ranks know which GPU models each typical shape allows (the trace's own
+    # workload does; the deployed extender's typical workload names no GPU models).
+    gpu_models: bool = False
     dra_order: dra.DeviceOrder = dra.DeviceOrder.INDEX  # the DRA mode: the order of a node's devices
     dra_whole: dra.WholeGpus = dra.WholeGpus.GPU  # the DRA mode: how whole-GPU pods ask
 
@@ -74,6 +81,7 @@ def resolve(
     replicas: int = sharing.DEFAULT_REPLICAS,
     scheduler: SchedulerModel | None = None,
     kube: KubeOptions = KubeOptions(),
+    label: str | None = None,
 ) -> PolicySpec:
     """`name` under `scheduler` (default: `default_model`); the study's policies and `ours`
     exist only in the study's scheduler and share models, the kube baselines only in the kube
@@ -81,6 +89,11 @@ def resolve(
     if name not in NAMES:
         raise PolicyError(f"invalid --policy {name}: expected one of {', '.join(NAMES)}")
     scheduler = scheduler or default_model(name)
+    if name == SHIPPED:
+        if scheduler is not SchedulerModel.KUBE:
+            raise PolicyError(f"invalid --policy {name} with --scheduler-model {scheduler}: it runs only in the kube model")
+        kube = KubeOptions(kubescheduler.SHAREPACK, shipped.FILTER_TIER_WIDTH, shipped.DIRECTED_GPUS, gpu_models=False)
+        return resolve(str(shipped.NODE_POLICY), replicas=replicas, scheduler=scheduler, kube=kube, label=SHIPPED)
     if scheduler is SchedulerModel.KUBE and dra.is_dra(name):
         sharing.check_replicas(replicas)
         allocating = dra.scheduler(
@@ -96,17 +109,21 @@ def resolve(
         if name not in EXTENDER and name not in KUBE_BASELINES:
             raise PolicyError(f"invalid --policy {name} with --scheduler-model kube: it runs only in the study model")
         sharing.check_replicas(replicas)
-        placer = sharing.shared_scorer("packed", ShareModel.REPLICAS, replicas)  # upstream packed on the node
+        # kube-scheduler alone: the upstream device plugin on the node, allocating as the
+        # agents do as shipped (`packed`).
+        placer = sharing.shared_scorer(str(shipped.AGENT_POLICY), ShareModel.REPLICAS, replicas)
         if name in KUBE_BASELINES:
             scorer = kubescheduler.KubeScheduler(
                 KUBE_BASELINES[name], extender=None, placer=placer, tier_width=0, replicas=replicas
             )
         else:
-            extender = sharing.shared_scorer(name, ShareModel.REPLICAS, replicas, directed=kube.directed)
+            extender = sharing.shared_scorer(
+                name, ShareModel.REPLICAS, replicas, directed=kube.directed, gpu_models=kube.gpu_models
+            )
             scorer = kubescheduler.KubeScheduler(
                 kube.config, extender=extender, placer=placer, tier_width=kube.tier_width, replicas=replicas
             )
-        return PolicySpec(name, scorer, replicas, SchedulerModel.KUBE)
+        return PolicySpec(label or name, scorer, replicas, SchedulerModel.KUBE)
     if name in KUBE_BASELINES or dra.is_dra(name):
         raise PolicyError(f"invalid --policy {name} with --scheduler-model study: it runs only in the kube model")
     if name in baselines.BASELINES:

@@ -43,7 +43,6 @@ from sharepack.tracesim.traces import MILLI
 FULL = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
 DEFAULT_REPLICAS = 10
-ALL_BOTH = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
 
 
 class ShareModel(StrEnum):
@@ -119,10 +118,12 @@ class _FragContext:
     thresholds: IntArray  # sorted distinct shape CPU requests
 
     @classmethod
-    def build(cls, model: FragModel) -> _FragContext:
+    def build(cls, model: FragModel, *, gpu_models: bool = True) -> _FragContext:
         workload = fragaware.common_workload(model)
         assert all(s.memory == 0 for s in workload.shapes), "admitted classes assume no memory per shape"
-        access = fragaware.access_masks(model)
+        # Without `gpu_models` every node admits every shape by its GPU model, as the extender
+        # sees nodes: its typical workload names no GPU models.
+        access = fragaware.access_masks(model) if gpu_models else [fragmentation.ALL_ADMITTED] * len(model.access)
         distinct = {m: i for i, m in enumerate(dict.fromkeys(access))}
         kind = np.array([distinct[m] for m in access], dtype=np.int64)
         thresholds = np.unique(np.array([s.cpu for s in workload.shapes], dtype=np.int64))
@@ -144,6 +145,7 @@ class SharedScorer:
         replicas: int,
         *,
         directed: bool = False,
+        gpu_models: bool = True,
     ) -> None:
         check_replicas(replicas)
         self.node_policy = policy
@@ -153,9 +155,15 @@ class SharedScorer:
         self.replicas = replicas
         self.workload: fragmentation.TypicalWorkload | None = None  # `fragaware`: the trace's
         self.directed = directed
+        self.gpu_models = gpu_models  # the CPU-aware policies know which GPU models a shape allows
         self._memo: dict[tuple[int, int, str], Verdict] = {}
         self._ctx: _FragContext | None = None
         self.calls = 0
+
+    @property
+    def cpu_aware(self) -> bool:
+        """`fragaware` and `packed` rank with the node's CPU and memory (`common.stranding`)."""
+        return self.node_policy in (NodePolicy.FRAGAWARE, NodePolicy.PACKED)
 
     def allocated(self, cluster: Cluster, idx: IntArray) -> IntArray:
         """Allocated replicas per GPU ([len(idx), 8]); absent GPUs as -1."""
@@ -170,7 +178,7 @@ class SharedScorer:
         out: IntArray = (alloc + 1) @ weights
         return out
 
-    def _score(self, alloc_row: IntArray, request: PodRequest, admitted: tuple[int, int]) -> Verdict:
+    def _score(self, alloc_row: IntArray, request: PodRequest, admitted: tuple[int, int] | None) -> Verdict:
         allocated = [int(a) for a in alloc_row if a >= 0]
         state = node_view(allocated, self.model, self.replicas, self.policy)
         self.calls += 1
@@ -187,15 +195,15 @@ class SharedScorer:
         ctx = self._ctx
         if ctx is None or ctx.model is not cluster.model:
             # The trace's typical workload (with CPU), as `ours` uses it; a new trace, new memo.
-            ctx = self._ctx = _FragContext.build(cluster.model)
+            ctx = self._ctx = _FragContext.build(cluster.model, gpu_models=self.gpu_models)
             self.workload = ctx.workload
             self._memo.clear()
         return ctx
 
     def _admitted_class(self, cluster: Cluster, req: Request, idx: IntArray) -> IntArray:
         """Per node, a number that is equal for nodes admitting the same typical shapes before
-        and after the pod (`fragaware` only; 0 for the other policies)."""
-        if self.node_policy != NodePolicy.FRAGAWARE:
+        and after the pod (the CPU-aware policies only; 0 for the others)."""
+        if not self.cpu_aware:
             return np.zeros(len(idx), dtype=np.int64)
         ctx = self._context(cluster)
         n = len(ctx.thresholds) + 1
@@ -204,11 +212,11 @@ class SharedScorer:
         out: IntArray = ((before * n + after) * ctx.kinds + ctx.access_kind[idx]).astype(np.int64)
         return out
 
-    def _admitted(self, cluster: Cluster, req: Request, node: int) -> tuple[int, int]:
+    def _admitted(self, cluster: Cluster, req: Request, node: int) -> tuple[int, int] | None:
         """The typical shapes `node` admits before and after the pod (GPU model, CPU and memory
-        left, by `common.fragmentation`'s rule), for `fragaware`; all for the other policies."""
-        if self.node_policy != NodePolicy.FRAGAWARE:
-            return ALL_BOTH
+        left, by `common.fragmentation`'s rule), for the CPU-aware policies; None for the others."""
+        if not self.cpu_aware:
+            return None
         ctx = self._context(cluster)
         measure = fragmentation.measure_for(ctx.workload)
         cpu, mem = int(cluster.cpu_left[node]), int(cluster.mem_left[node])
@@ -268,8 +276,10 @@ def replica_feasible(cluster: Cluster, req: Request, idx: IntArray, replicas: in
     return out
 
 
-def shared_scorer(name: str, model: ShareModel, replicas: int, *, directed: bool = False) -> SharedScorer:
+def shared_scorer(
+    name: str, model: ShareModel, replicas: int, *, directed: bool = False, gpu_models: bool = True
+) -> SharedScorer:
     policy = NodePolicy(name)
     if policy is NodePolicy.SPREAD:
         raise PolicyError("invalid policy spread: it ranks nodes as distributed; use distributed")
-    return SharedScorer(policy, model, replicas, directed=directed)
+    return SharedScorer(policy, model, replicas, directed=directed, gpu_models=gpu_models)

@@ -36,7 +36,9 @@ async def schedule(svc: Service, server: FakeApiServer, name: str, n: int) -> tu
 
 
 async def test_bind_annotates_the_pod_with_the_gpus_it_is_counted_on(server: FakeApiServer, tmp_short: Path) -> None:
-    svc = await started(server, tmp_short)
+    # `packed`: the agent's own loop is the prediction (`fragaware` chooses a share's GPU
+    # itself: tests/extender/test_noderesources.py).
+    svc = await started(server, tmp_short, "--node-policy=packed")
     try:
         uid, pod = await schedule(svc, server, "trainer-0", 2)
         d = directions.decode(pod["metadata"]["annotations"][directions.ANNOTATION], where="test")

@@ -15,7 +15,14 @@ from sharepack.extender.server import Extender
 from tests.extender.test_http import SHARED, args_body, pod_json, post, state_obj
 
 
-def view(workload: fragmentation.TypicalWorkload | None = None) -> ClusterView:
+# GPU pods only (the default trace's GPU shapes): no CPU-only shape counts every idle GPU.
+GPU_PODS = fragmentation.TypicalWorkload(
+    tuple(fragmentation.Shape(s.gpus, s.milli, s.weight) for s in fragmentation.DEFAULT_TYPICAL_WORKLOAD.shapes if s.needs_gpu),
+    "GPU pods",
+)
+
+
+def view(workload: fragmentation.TypicalWorkload = GPU_PODS) -> ClusterView:
     v = ClusterView(NodePolicy.FRAGAWARE, workload=workload)
     v.replace_states([
         state_obj("node-half", [(10, 5), (10, 0)]),    # half a GPU free on GPU 0

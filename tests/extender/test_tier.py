@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sharepack.common import shipped
 from sharepack.common.podrequests import ContainerKind, ContainerRequest, PodRequest
 from sharepack.common.policies import Policy
 from sharepack.extender.__main__ import parse_args
@@ -54,7 +55,7 @@ def test_an_unknown_node_passes_when_no_known_node_can_take_the_pod() -> None:
 
 
 def test_the_tier_width_is_a_flag_and_rejects_negative_values(capsys: pytest.CaptureFixture[str]) -> None:
-    assert parse_args([]).filter_tier_width == 0  # off: what the deployed configuration wants
+    assert parse_args([]).filter_tier_width == shipped.FILTER_TIER_WIDTH == 1  # the best node only, as shipped
     assert parse_args(["--filter-tier-width", "3"]).filter_tier_width == 3
     with pytest.raises(SystemExit):
         parse_args(["--filter-tier-width", "-1"])

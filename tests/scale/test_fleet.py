@@ -131,3 +131,36 @@ async def test_heartbeats_rewrite_every_state_and_never_hold_up_settling(api: Ap
         await until(api, f"{NGS}/sim-node-00002", lambda o: o["status"]["observedAt"] != first["sim-node-00002"])
     finally:
         await stop(task)
+
+
+def test_a_node_gives_a_directed_pod_the_gpus_its_directions_name() -> None:
+    from sharepack.common import directions, podrequests
+    from sharepack.sandbox.kubelet.fleet import NodeDevices, agent_config, pod_directions
+
+    shape = synthetic_shapes(1, gpus=2)[0]
+    node = NodeDevices(shape, agent_config(REPLICAS, Policy.PACKED))
+    (res,) = node.resources
+    key_of = {d.id: d.physical_key for d in res.devices}
+    gpu0, gpu1 = sorted(set(key_of.values()))
+
+    def pod(name: str, count: int, keys: tuple[str, ...] | None) -> dict[str, Any]:
+        doc = gpu_pod(name, resource=res.name, count=count, namespace=NS)
+        doc["metadata"]["uid"] = name
+        if keys is not None:
+            d = directions.from_placements(shape.name, [("main", {res.name: keys})])
+            doc["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(d)}
+        return doc
+
+    def admit(doc: dict[str, Any]) -> set[str]:
+        devices = node.admit(podrequests.decode_pod_request(doc), pod_directions(doc, shape.name))
+        return {key_of[i] for i in devices.devices[res.name]}
+
+    assert admit(pod("first", 1, None)) == {gpu0}  # packed, undirected: the first GPU
+    assert admit(pod("second", 2, (gpu1, gpu1))) == {gpu1}  # directed: GPU 1, though packed says GPU 0
+    assert node.honoured == 1 and node.fallbacks == 0
+    third = pod("third", 3, (gpu1,))  # directions for 1 device, a request for 3: the policy chooses
+    devices = node.admit(podrequests.decode_pod_request(third), pod_directions(third, shape.name))
+    assert len(devices.devices[res.name]) == 3 and node.fallbacks == 1 and node.honoured == 1
+    other = pod("fourth", 1, None)
+    other["metadata"]["annotations"] = {directions.ANNOTATION: "not directions"}
+    assert pod_directions(other, shape.name) is None

@@ -99,7 +99,8 @@ def test_placement_rank_puts_fgd_score_before_leftover() -> None:
     [
         pytest.param("shapes: [{gpus: 1, share: 1.5, weight: 1}]", "shapes[0].share: invalid value 1.5", id="share above 1"),
         pytest.param("shapes: [{share: 0.5, weight: 0}]", "shapes[0].weight: invalid value 0", id="zero weight"),
-        pytest.param("shapes: [{share: 0.5, weight: 1, cpu: 2}]", "shapes[0]: invalid value", id="an unknown key"),
+        pytest.param("shapes: [{share: 0.5, weight: 1, gpu: 2}]", "shapes[0]: invalid value", id="an unknown key"),
+        pytest.param("shapes: [{share: 0.5, weight: 1, cpu: 2x}]", "invalid quantity at shapes[0].cpu", id="bad cpu"),
         pytest.param("shapes: []", "shapes: empty", id="no shapes"),
         pytest.param("[1, 2]", "shapes: missing", id="not a mapping"),
         pytest.param("shapes: [{share: x, weight: 1}]", "shapes[0].share: invalid value 'x'", id="share not a number"),
@@ -117,6 +118,11 @@ def test_load_typical_workload() -> None:
 
 
 # --- fragaware in common.scoring --------------------------------------------------------------
+
+# GPU pods only (the default trace's GPU shapes): no CPU-only shape counts every idle GPU.
+GPU_PODS = fr.TypicalWorkload(
+    tuple(fr.Shape(s.gpus, s.milli, s.weight) for s in fr.DEFAULT_TYPICAL_WORKLOAD.shapes if s.needs_gpu), "GPU pods"
+)
 
 
 def node(allocated: list[int], total: int = 10, policy: Policy = Policy.PACKED) -> NodeState:
@@ -138,7 +144,7 @@ def request(n: int) -> pr.PodRequest:
     ],
 )
 def test_fragaware_scores_the_predicted_placement(allocated: list[int], replicas: int, score: int) -> None:
-    s = scoring.score_node(node(allocated), request(replicas), NodePolicy.FRAGAWARE)
+    s = scoring.score_node(node(allocated), request(replicas), NodePolicy.FRAGAWARE, workload=GPU_PODS)
     assert s.feasible and s.score == score
     assert s.placement == scoring.score_node(node(allocated), request(replicas), Policy.PACKED).placement
 

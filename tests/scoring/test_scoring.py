@@ -132,16 +132,17 @@ RANKS = [
 
 @pytest.mark.parametrize(("better", "worse", "req"), RANKS)
 def test_packed_ranks_and_distributed_reverses(better: NodeState, worse: NodeState, req: pr.PodRequest) -> None:
-    assert scoring.score_node(better, req, PACKED).score > scoring.score_node(worse, req, PACKED).score
-    # 0..10 is coarse: the reverse can tie where packed still tells the nodes apart.
-    assert scoring.score_node(better, req, DISTRIBUTED).score <= scoring.score_node(worse, req, DISTRIBUTED).score
+    # By the fine rank: 0..10 is coarse and can tie where the rank tells the nodes apart.
+    assert scoring.score_node(better, req, PACKED).rank > scoring.score_node(worse, req, PACKED).rank
+    assert scoring.score_node(better, req, PACKED).score >= scoring.score_node(worse, req, PACKED).score
+    assert scoring.score_node(better, req, DISTRIBUTED).rank < scoring.score_node(worse, req, DISTRIBUTED).rank
 
 
 def test_scores_use_the_documented_formula() -> None:
-    # One replica on the used GPU of a half-used 2-GPU node: reuse 1, gpu_use 1/2, fit 3/4.
+    # One replica on the used GPU of a half-used 2-GPU node: reuse 1, gpu_use 1 GPU of 8, fit 3/4.
     s = scoring.score_node(node([(4, 2), (4, 0)]), request(1), PACKED)
-    assert s.score == int(10 * (0.6 * 1 + 0.3 * 0.5 + 0.1 * 0.75) + 0.5) == 8
-    assert scoring.score_node(node([(4, 2), (4, 0)]), request(1), DISTRIBUTED).score == 2
+    assert s.score == int(10 * (0.6 * 1 + 0.3 * 1 / 8 + 0.1 * 0.75) + 0.5) == 7
+    assert scoring.score_node(node([(4, 2), (4, 0)]), request(1), DISTRIBUTED).score == 3
 
 
 def test_a_mig_profile_packs_by_parent_gpu() -> None:

@@ -28,14 +28,14 @@ def test_best_tier_keeps_exactly_the_best(entries: list[tuple[float, int]], widt
 
 
 def test_the_rank_is_the_score_before_rounding() -> None:
-    # One replica on the used GPU of a half-used 2-GPU node: reuse 1, gpu_use 1/2, fit 3/4.
+    # One replica on the used GPU of a half-used 2-GPU node: reuse 1, gpu_use 1 GPU of 8, fit 3/4.
     half_used = node([(4, 2), (4, 0)])
-    assert scoring.score_node(half_used, request(1), Policy.PACKED).rank == pytest.approx(0.825)
-    assert scoring.score_node(half_used, request(1), Policy.DISTRIBUTED).rank == pytest.approx(0.175)
+    assert scoring.score_node(half_used, request(1), Policy.PACKED).rank == pytest.approx(0.7125)
+    assert scoring.score_node(half_used, request(1), Policy.DISTRIBUTED).rank == pytest.approx(0.2875)
     # Two nodes the 0..10 score cannot tell apart; the rank can.
-    looser = node([(8, 4), (8, 0)])  # fit 5/8: rank 0.8125
+    looser = node([(8, 4), (8, 0)])  # fit 5/8: rank 0.7
     a, b = (scoring.score_node(n, request(1), Policy.PACKED) for n in (half_used, looser))
-    assert a.score == b.score == 8
+    assert a.score == b.score == 7
     assert a.rank > b.rank
 
 

@@ -168,7 +168,8 @@ def test_ours_keeps_its_rank_order_against_the_baselines_on_the_default_trace() 
     # unallocated at 100 % arrived, FGD 4.78, packed 8.26, Random 13.7, distributed 17.60. Here
     # three seeds on an eighth of the nodes, every policy in the study model (packed and
     # distributed default to the kube model now): the same order, and ours within noise of FGD
-    # (measured 5.41 vs 5.33; packed 7.86, distributed 17.4).
+    # (measured 5.41 vs 5.33; distributed 17.4). packed was 7.86 before its CPU term (issue 19,
+    # common.stranding); with it 5.28, level with ours.
     experiment = running.Experiment.build(traces.load_pods(), every_eighth_node())
     seeds = range(running.FIRST_SEED, running.FIRST_SEED + 3)
 
@@ -180,5 +181,6 @@ def test_ours_keeps_its_rank_order_against_the_baselines_on_the_default_trace() 
         name: float(np.mean([unallocated(name, seed) for seed in seeds]))
         for name in ("ours", "fgd", "packed", "random", "distributed")
     }
-    assert mean["ours"] < mean["packed"] < mean["random"] < mean["distributed"], mean
+    assert max(mean["ours"], mean["packed"]) < mean["random"] < mean["distributed"], mean
     assert abs(mean["ours"] - mean["fgd"]) < 0.5, mean
+    assert mean["packed"] < 6.5, mean  # the CPU term: 7.86 without it

@@ -69,9 +69,9 @@ def test_packed_joins_a_used_gpu_and_distributed_avoids_it(small_cluster: Cluste
     packed = choose(small_cluster, "packed", ShareModel.MILLI, req(milli=500))
     distributed = choose(small_cluster, "distributed", ShareModel.MILLI, req(milli=500))
     assert packed == sharing.Choice(C, [5])
-    # The replica view predicts the node loop spreading the share's replicas, so a node with
-    # more free GPUs ranks higher for distributed; on it the share takes the emptiest GPU.
-    assert distributed == sharing.Choice(C, [0])
+    # distributed ranks as the reverse of packed: an idle GPU (here on node D, `gpu_use` counting
+    # GPUs in use since issue 19), never the used GPU 5 of node C.
+    assert distributed == sharing.Choice(D, [0])
 
 
 def test_distributed_takes_the_emptiest_gpu_on_its_node(small_cluster: Cluster) -> None:

@@ -1,8 +1,17 @@
 """`sharepack-replay-kube`: the trace replayed through the real kube-scheduler, the real extender
 and simulated nodes, side by side with tracesim's prediction for the same policy and seeds.
 
-    sharepack-replay-kube                         # default trace, packed, seeds 42-44, to 100 %
+    sharepack-replay-kube                         # default trace, as shipped, seeds 42-44, to 100 %
+    sharepack-replay-kube --baseline kube-default # kube-scheduler alone, same fleet and seeds
     sharepack-replay-kube --seeds 1 --nodes-limit 100 --until 50   # a quick look
+
+With no flags it replays the configuration deploy/ ships (`common.shipped`: the extender's node
+policy and flag defaults, deploy/scheduler's configuration, the agents' `packed`), predicted by
+`sharepack-simulate --policy shipped`. `--baseline kube-default` (kube-scheduler's default
+scores) or `kube-binpack` (`MostAllocated`, the GPU resource weighted 3, as the Kubernetes
+documentation's bin-packing example) replays kube-scheduler without the extender, the agents
+allocating as shipped, through the same control plane and fleet; predicted by the policy of
+that name.
 
 For each seed: the arrival sequence tracesim uses (`tracesim.workloads.arrival_order`, the same
 pods in the same order), each pod created as a user would write it (CPU and memory requests;
@@ -33,8 +42,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from sharepack.common import shipped
 from sharepack.common.errors import SharepackError
 from sharepack.common.policies import NodePolicy, Policy
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable
@@ -50,6 +60,18 @@ if TYPE_CHECKING:
 
 RESOURCE = "nvidia.com/gpu.shared"
 POD_TIMEOUT_S = 120.0
+BASELINES = ("kube-default", "kube-binpack")
+FIT = "NodeResourcesFit"
+
+
+def baseline_plugin_config(baseline: str) -> list[dict[str, Any]]:
+    """The profile's pluginConfig for `baseline`: none for kube-default; for kube-binpack the
+    Kubernetes documentation's bin-packing example as tracesim's `KUBE_BINPACK` has it, with the
+    GPU resource the fleet's agents serve (R replicas per GPU, as the model counts the GPU)."""
+    if baseline != "kube-binpack":
+        return []
+    resources = [{"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}, {"name": RESOURCE, "weight": 3}]
+    return [{"name": FIT, "args": {"scoringStrategy": {"type": "MostAllocated", "resources": resources}}}]
 
 
 @dataclass(slots=True)
@@ -62,6 +84,8 @@ class Replay:
     used: list[int] = field(default_factory=lambda: [0])
     failed: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    honoured: int = 0  # containers the nodes gave the GPUs their directions named
+    fallbacks: int = 0  # directions that did not fit: the node's policy chose
 
     def result(self, label: str) -> RunResult:
         import numpy as np
@@ -114,6 +138,7 @@ async def replay_seed(
     cluster: ScaleCluster, reqs: Sequence[Request], seed: int, total_gpus: int, replicas: int
 ) -> Replay:
     out = Replay(seed, total_gpus)
+    honoured_before, fallbacks_before = directed_counts(cluster)
     started = time.monotonic()
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
     arrived = used = 0
@@ -134,7 +159,15 @@ async def replay_seed(
             cluster.say(f"  seed {seed}: {i}/{len(reqs)} pods, {100 * arrived / total_gpus / 1000:.0f}% arrived, "
                         f"{time.monotonic() - started:.0f} s")  # fmt: skip
     out.seconds = time.monotonic() - started
+    honoured, fallbacks = directed_counts(cluster)
+    out.honoured, out.fallbacks = honoured - honoured_before, fallbacks - fallbacks_before
     return out
+
+
+def directed_counts(cluster: ScaleCluster) -> tuple[int, int]:
+    """Containers the fleet gave their directed GPUs, and directions that did not fit, so far."""
+    nodes = cluster.fleet.nodes.values()
+    return sum(n.honoured for n in nodes), sum(n.fallbacks for n in nodes)
 
 
 def predicted(
@@ -164,8 +197,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sharepack-replay-kube", description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--pods", type=Path, help="pod list CSV (default: built-in openb_pod_list_default.csv)")
     p.add_argument("--nodes", type=Path, help="node list CSV (default: built-in openb_node_list_gpu_node.csv)")
-    p.add_argument("--policy", default="packed", help="the extender's --node-policy (default packed)")
-    p.add_argument("--agent-policy", default="packed", help="the nodes' allocation policy (default packed)")
+    p.add_argument("--baseline", choices=BASELINES, default=None,
+                   help="kube-scheduler alone, without the extender: its default scores or the bin-packing example")
+    p.add_argument("--policy", default=None,
+                   help=f"the extender's --node-policy (default: as shipped, {shipped.NODE_POLICY}, predicted by "
+                        "`--policy shipped`; another is predicted by the policy of its name)")
+    p.add_argument("--agent-policy", default=str(shipped.AGENT_POLICY),
+                   help="the nodes' allocation policy (default: as shipped, %(default)s)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, from 42 (default 3)")
     p.add_argument("--first-seed", type=int, default=running.FIRST_SEED)
     p.add_argument("--replicas", type=int, default=sharing.DEFAULT_REPLICAS, help="time-slicing replicas per GPU (default 10)")
@@ -185,13 +223,17 @@ async def _run(args: argparse.Namespace, pods: traces.PodList, nodes: traces.Nod
         trace_shapes(nodes), workdir, replicas=args.replicas, agent_policy=args.agent_policy,
         node_policy=args.node_policy, extender_args=args.extender_arg,
     ) as cluster:  # fmt: skip
-        await cluster.start_scheduler(with_extender=True)
+        if args.baseline:
+            await cluster.start_scheduler(with_extender=False, plugin_config=baseline_plugin_config(args.baseline))
+        else:
+            await cluster.start_scheduler(with_extender=True)
         for seed in seeds:
             reqs = sequence(pods, nodes, seed, args.until)
             cluster.say(f"seed {seed}: {len(reqs)} pods through kube-scheduler")
             replay = await replay_seed(cluster, reqs, seed, nodes.total_gpus, args.replicas)
             cluster.say(f"seed {seed}: {replay.unallocated(int(args.until)):.2f}% unallocated at {args.until:.0f}% "
-                        f"arrived, {sum(replay.failed.values())} pods found no node, {replay.seconds:.0f} s")  # fmt: skip
+                        f"arrived, {sum(replay.failed.values())} pods found no node, {replay.seconds:.0f} s, "
+                        f"directed GPUs honoured {replay.honoured}/{replay.honoured + replay.fallbacks}")  # fmt: skip
             out.append(replay)
             if seed != seeds[-1]:
                 await cluster.delete_all_pods()
@@ -207,6 +249,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.baseline and args.policy is not None:
+        print("sharepack-replay-kube: --baseline runs without the extender: --policy does not apply", file=sys.stderr)
+        return 2
+    # What tracesim predicts it with: the baseline, the shipped configuration, or the policy named.
+    args.model_policy = args.baseline or ("shipped" if args.policy is None else args.policy)
+    args.policy = args.policy or str(shipped.NODE_POLICY)
     try:
         args.agent_policy = Policy(args.agent_policy)
         args.node_policy = NodePolicy(args.policy) if args.policy == NodePolicy.FRAGAWARE else Policy(args.policy)
@@ -224,17 +272,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         replays = asyncio.run(_run(args, pods, nodes))
         point = int(args.until)
         rows = []
-        print(f"{traces.workload_name(pods)}: {args.policy}, R={args.replicas}, unallocated GPU % at {point} % arrived")
+        what = args.baseline or ("as shipped" if args.model_policy == "shipped" else args.policy)
+        print(f"{traces.workload_name(pods)}: {what}, R={args.replicas}, unallocated GPU % at {point} % arrived")
         print(f"{'seed':>6} {'kube-scheduler':>15} {'tracesim':>10} {'diff':>7}  model")
         for replay in replays:
             real = replay.unallocated(point)
             label, model_at = (
                 ("-", float("nan")) if args.no_prediction
-                else predicted(pods, nodes, args.policy, args.replicas, replay.seed, point)
+                else predicted(pods, nodes, args.model_policy, args.replicas, replay.seed, point)
             )  # fmt: skip
             rows.append({"seed": replay.seed, "kube_scheduler": round(real, 2), "tracesim": round(model_at, 2),
                          "diff": round(real - model_at, 2), "model": label,
-                         "failed": sum(replay.failed.values()), "seconds": round(replay.seconds, 1)})  # fmt: skip
+                         "failed": sum(replay.failed.values()), "seconds": round(replay.seconds, 1),
+                         "directed_honoured": replay.honoured, "directed_fallbacks": replay.fallbacks})  # fmt: skip
             print(f"{replay.seed:>6} {real:>15.2f} {model_at:>10.2f} {real - model_at:>+7.2f}  {label}")
         with args.csv.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

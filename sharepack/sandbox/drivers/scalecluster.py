@@ -332,12 +332,17 @@ class ScaleCluster(Stack):
 
     # -- kube-scheduler ------------------------------------------------------------------------
 
-    async def start_scheduler(self, *, with_extender: bool, client_qps: int = 0) -> int:
+    async def start_scheduler(
+        self, *, with_extender: bool, client_qps: int = 0, plugin_config: Sequence[Mapping[str, Any]] = ()
+    ) -> int:
         """kube-scheduler as deploy/ configures it, or without its extenders stanza
-        (`scheduler_config`); its pid."""
+        (`scheduler_config`), with `plugin_config` as its profile's pluginConfig when given;
+        its pid."""
         assert self.control is not None
         source = self.workdir / f"kube-scheduler-{'with' if with_extender else 'without'}-extender.yaml"
         doc = scheduler_config(with_extender=with_extender, client_qps=client_qps)
+        if plugin_config:
+            doc["profiles"][0]["pluginConfig"] = [dict(p) for p in plugin_config]
         source.write_text(yaml.safe_dump(doc, sort_keys=False))
         await self.control.start_scheduler(self.extender_url, source=source, serve_metrics=True)
         assert self.control.scheduler is not None and self.control.scheduler.proc is not None

@@ -36,9 +36,9 @@ import yaml
 
 from sharepack.agent import responses
 from sharepack.common import config as agentconfig
-from sharepack.common import podrequests, statebuilding
+from sharepack.common import directions, podrequests, statebuilding
 from sharepack.common import state as gpustate
-from sharepack.common.errors import AllocationError, RequestError
+from sharepack.common.errors import AllocationError, DirectionsError, RequestError
 from sharepack.common.inventory import Gpu, Inventory
 from sharepack.common.policies import MigStrategy, Policy
 from sharepack.common.resources import Resource, build_resources
@@ -109,6 +109,15 @@ def inventory(shape: NodeShape) -> Inventory:
     )
 
 
+def pod_directions(pod: Any, node: str) -> directions.Directions | None:
+    """The pod's `sharepack.io/gpus` directions when they are for `node`; None without usable ones."""
+    try:
+        return directions.of_pod(pod, node)
+    except DirectionsError as e:
+        log.info("%s: the node's policy chooses", e)
+        return None
+
+
 class AdmissionFailed(Exception):
     pass
 
@@ -124,15 +133,22 @@ class NodeDevices:
         self.pods: dict[str, PodDevices] = {}  # uid -> devices
         self._names: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
         self._in_use: dict[str, set[str]] = {r.name: set() for r in self.resources}
+        self.honoured = 0  # containers given the GPUs their directions name
+        self.fallbacks = 0  # directions that did not fit: the policy chose
 
     def capacity(self) -> dict[str, str]:
         out = {"cpu": f"{self.shape.cpu_milli}m", "memory": f"{self.shape.memory_mib}Mi", "pods": str(self.shape.max_pods)}
         out.update({r.name: str(len(r.devices)) for r in self.resources})
         return out
 
-    def admit(self, request: podrequests.PodRequest) -> PodDevices:
-        """Devices for every container (kubelet order), or AdmissionFailed saying why."""
+    def admit(self, request: podrequests.PodRequest, directed: directions.Directions | None = None) -> PodDevices:
+        """Devices for every container (kubelet order), or AdmissionFailed saying why.
+
+        `directed`: the pod's `sharepack.io/gpus` directions for this node; a container they
+        name gets its devices on those GPUs (`common.directions.choose_devices`, as the agent's
+        Director answers), the others, and directions that do not fit, the node's policy."""
         chosen: dict[str, list[str]] = {}
+        steer = {c.name: c.gpus for c in directed.containers} if directed is not None else {}
         for container in request.containers:
             for name, size in container.amounts:
                 res = self._by_name.get(name)
@@ -140,6 +156,17 @@ class NodeDevices:
                     raise AdmissionFailed(f"node {self.shape.name} has no {name}")
                 taken = chosen.setdefault(name, [])
                 available = sorted(set(res.device_ids()) - self._in_use[name] - set(taken))
+                keys = steer.get(container.name, {}).get(name)
+                if keys:
+                    group_of = {d.id: d.physical_key for d in res.devices}
+                    answer = directions.choose_devices(keys, available, [], size, group_of)
+                    if isinstance(answer, list):
+                        self.honoured += 1
+                        taken.extend(answer)
+                        continue
+                    self.fallbacks += 1
+                    log.info("node %s: directions of pod %s do not fit (%s): its policy chooses",
+                             self.shape.name, request.name, answer)  # fmt: skip
                 try:
                     picked = responses.preferred_allocation(res, self.policy, {}, available, [], size)
                 except AllocationError as e:
@@ -305,7 +332,7 @@ class Fleet:
         self._handled[uid] = node_name
         try:
             request = podrequests.decode_pod_request(pod)
-            node.admit(request)
+            node.admit(request, pod_directions(pod, node_name))
         except (AdmissionFailed, RequestError) as e:
             self.rejected[uid] = str(e)
             log.warning("node %s rejects pod %s/%s: %s", node_name, meta.get("namespace"), meta.get("name"), e)
