@@ -29,7 +29,7 @@ def score_node(
     *,
     resources: Mapping[DeviceType, str] = DEFAULT_RESOURCES,
     workload: fragmentation.TypicalWorkload | None = None,
-    admitted: tuple[int, int] = _ALL_ADMITTED,
+    admitted: tuple[int, int] | None = None,
     state: NodeState | None = None,
 ) -> NodeScore:
     """`common.scoring.score_node` for a DRA node: feasible when the allocator's first fit

@@ -91,7 +91,7 @@ class DraScorer(SharedScorer):
         super().__init__(policy, ShareModel.MILLI if whole is WholeGpus.GPU else ShareModel.REPLICAS, replicas)
         self.order = order
 
-    def _score(self, alloc_row: IntArray, request: PodRequest, admitted: tuple[int, int]) -> Verdict:
+    def _score(self, alloc_row: IntArray, request: PodRequest, admitted: tuple[int, int] | None) -> Verdict:
         allocated = [int(a) for a in alloc_row if a >= 0]
         node = dra_node(allocated, self.replicas, self.order, whole=self.model is ShareModel.MILLI)
         state = sharing.node_view(allocated, self.model, self.replicas, self.policy)
