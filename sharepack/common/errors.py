@@ -6,7 +6,8 @@
     ├── ConfigError            a config (file, env, flags) that fails validation; lists every problem
     ├── ResourceError          resources that cannot be built from an inventory + config
     ├── StateSchemaError       a published NodeGpuState this reader does not understand
-    └── DirectionsError        a pod's sharepack.io/gpus annotation this reader does not understand
+    ├── DirectionsError        a pod's sharepack.io/gpus annotation this reader does not understand
+    └── ClaimError             a ResourceClaim this node's DRA driver cannot prepare
 
 Messages are lowercase "what: why", naming the bad value and where it came from.
 """
@@ -48,3 +49,8 @@ class ConfigError(SharepackError):
         self.problems = tuple(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid config from {source}:\n{lines}")
+
+
+class ClaimError(SharepackError):
+    """A ResourceClaim that cannot be prepared: not allocated, malformed, or naming devices this
+    node does not publish."""
