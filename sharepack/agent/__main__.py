@@ -160,6 +160,8 @@ async def _serve_inventory(
         "found %d GPU(s): %s", len(inventory.gpus),
         ", ".join(f"{g.index}:{g.name}" + (" (MIG)" if g.mig_enabled else "") for g in inventory.gpus),
     )
+    if opts.mode == options.DRA_MODE:
+        return await _serve_dra(opts, config, inventory, await kubernetes_api(opts), watcher, monitor)
     settings = Settings(
         kubelet_socket=opts.kubelet_socket,
         xid_policy=XidPolicy.from_env(opts.env),
@@ -193,6 +195,37 @@ async def _serve_inventory(
     finally:
         if api is not None:
             await api.close()
+    log.info("stopped")
+    return 0
+
+
+async def _serve_dra(
+    opts: options.Options, config: Config, inventory: Inventory, api: Any, watcher: nvml.XidWatcher,
+    monitor: monitoring.MonitoringServer,
+) -> int:
+    """DRA mode: the kubelet plugin and the node's ResourceSlices, until SIGTERM/SIGINT."""
+    from sharepack.agent.dra import running as dra  # noqa: PLC0415 - only DRA mode pays for it
+
+    if api is None or not opts.node_name:
+        log.error("cannot start: --mode dra needs the Kubernetes API and --node-name (NODE_NAME)")
+        if api is not None:
+            await api.close()
+        return 1
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    settings = dra.DraSettings(
+        node_name=opts.node_name, plugins_registry=opts.plugins_registry,
+        plugins_dir=opts.plugins_dir, cdi_root=opts.cdi_root,
+    )  # fmt: skip
+    try:
+        await dra.run(
+            settings, config, inventory, api, stop, wait_for_xid=watcher.wait, xid_policy=XidPolicy.from_env(opts.env),
+            on_start=lambda plugin: setattr(monitor, "readiness", plugin.readiness),
+        )
+    finally:
+        await api.close()
     log.info("stopped")
     return 0
 

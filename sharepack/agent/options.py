@@ -26,6 +26,11 @@ from sharepack.common import config as configs
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LOG_FORMATS = ("text", "json")
+DEVICE_PLUGIN_MODE, DRA_MODE = "device-plugin", "dra"
+MODES = (DEVICE_PLUGIN_MODE, DRA_MODE)
+DEFAULT_PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_CDI_ROOT = "/var/run/cdi"
 # The port deploy/ names `metrics` (probes, NetworkPolicy, scrape config); the pod has its own
 # network namespace, so it cannot clash with a host service on the same port.
 DEFAULT_METRICS_LISTEN = "0.0.0.0:9400"
@@ -54,6 +59,15 @@ _PROCESS = (
              "NAMESPACE/NAME of a ConfigMap of named config files; the node label "
              "nvidia.com/device-plugin.config picks one, applied live"),
     _Process("log-format", "LOG_FORMAT", "text", "text or json"),
+    _Process("mode", "SHAREPACK_MODE", DEVICE_PLUGIN_MODE,
+             "device-plugin (the kubelet device-plugin API) or dra (a DRA kubelet plugin publishing "
+             "ResourceSlices; needs the Kubernetes API and --node-name)"),
+    _Process("plugins-registry", "SHAREPACK_PLUGINS_REGISTRY", DEFAULT_PLUGINS_REGISTRY,
+             "dra mode: the kubelet's plugin registration directory"),
+    _Process("plugins-dir", "SHAREPACK_PLUGINS_DIR", DEFAULT_PLUGINS_DIR,
+             "dra mode: the kubelet's plugins directory (the DRA socket goes in <dir>/gpu.sharepack.io/)"),
+    _Process("cdi-root", "SHAREPACK_CDI_ROOT", DEFAULT_CDI_ROOT,
+             "dra mode: where CDI specs of prepared claims are written for the container runtime"),
     _Process("metrics-listen", "SHAREPACK_METRICS_LISTEN", DEFAULT_METRICS_LISTEN,
              "HOST:PORT of the HTTP endpoint: /metrics (Prometheus), /healthz, /readyz"),
     _Process("unhealthy-recovery-seconds", "SHAREPACK_UNHEALTHY_RECOVERY_SECONDS", "0",
@@ -101,6 +115,10 @@ class Options:
     state_min_write_interval_s: float = 0.5
     metrics_listen: tuple[str, int] = addresses.listen_address(DEFAULT_METRICS_LISTEN, flag="--metrics-listen")
     directed_gpus: bool = True
+    mode: str = DEVICE_PLUGIN_MODE
+    plugins_registry: Path = Path(DEFAULT_PLUGINS_REGISTRY)
+    plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
+    cdi_root: Path = Path(DEFAULT_CDI_ROOT)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -177,6 +195,9 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     directed = str(raw_directed).strip().lower()
     if directed not in ("true", "false"):
         raise OptionsError(f"invalid --directed-gpus option: {raw_directed} (from {origin}; want true or false)")
+    mode, origin = process("mode")
+    if mode not in MODES:
+        raise OptionsError(f"invalid --mode option: {mode} (from {origin}; want device-plugin or dra)")
     kubelet_socket, _ = process("kubelet-socket")
     pod_resources, _ = process("pod-resources-socket")
     assert kubelet_socket is not None and pod_resources is not None  # they have defaults
@@ -198,5 +219,9 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         state_min_write_interval_s=min_write_interval,
         metrics_listen=metrics_listen,
         directed_gpus=directed == "true",
+        mode=mode,
+        plugins_registry=Path(str(process("plugins-registry")[0])),
+        plugins_dir=Path(str(process("plugins-dir")[0])),
+        cdi_root=Path(str(process("cdi-root")[0])),
         env=MappingProxyType(dict(env)),
     )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sharepack.common import allocation
+from sharepack.common.config import Config
 from sharepack.common.errors import AllocationError
 from sharepack.common.policies import Policy, Sharing
 from sharepack.common.resources import Device, Resource
@@ -78,6 +79,18 @@ class ResponseOptions:
     cdi_annotation_prefix: str = CDI_ANNOTATION_PREFIX
     # Upstream passes the optional control nodes only when they exist on the host.
     node_exists: Callable[[str], bool] = os.path.exists
+
+
+def options_from(config: Config) -> ResponseOptions:
+    """The answer's options as the config sets them (both modes answer alike)."""
+    return ResponseOptions(
+        device_list_strategy=tuple(config.device_list_strategy),
+        device_id_strategy=str(config.device_id_strategy),
+        pass_device_specs=config.pass_device_specs,
+        dev_root=config.nvidia_driver_root,
+        mps_root=config.mps_root,
+        cdi_annotation_prefix=config.cdi_annotation_prefix,
+    )
 
 
 def _unique(items: Sequence[str]) -> list[str]:

@@ -295,14 +295,7 @@ class Agent:
         log.info("restored %d allocation(s) from %s", len(restored), self._allocation_log.path)
 
     def _options_for(self, config: Config) -> ResponseOptions:
-        return ResponseOptions(
-            device_list_strategy=tuple(config.device_list_strategy),
-            device_id_strategy=str(config.device_id_strategy),
-            pass_device_specs=config.pass_device_specs,
-            dev_root=config.nvidia_driver_root,
-            mps_root=config.mps_root,
-            cdi_annotation_prefix=config.cdi_annotation_prefix,
-        )
+        return responses.options_from(config)
 
     # ---- lifecycle -------------------------------------------------------------------------
 

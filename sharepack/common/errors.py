@@ -7,7 +7,8 @@
     ├── ResourceError          resources that cannot be built from an inventory + config
     ├── StateSchemaError       a published NodeGpuState this reader does not understand
     ├── DraSchemaError         a ResourceSlice or ResourceClaim of our driver this reader does not understand
-    └── DirectionsError        a pod's sharepack.io/gpus annotation this reader does not understand
+    ├── DirectionsError        a pod's sharepack.io/gpus annotation this reader does not understand
+    └── ClaimError             a ResourceClaim this node's DRA driver cannot prepare
 
 Messages are lowercase "what: why", naming the bad value and where it came from.
 """
@@ -53,3 +54,8 @@ class ConfigError(SharepackError):
         self.problems = tuple(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid config from {source}:\n{lines}")
+
+
+class ClaimError(SharepackError):
+    """A ResourceClaim that cannot be prepared: not allocated, malformed, or naming devices this
+    node does not publish."""

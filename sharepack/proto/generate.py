@@ -1,9 +1,10 @@
 """Regenerate the Python modules from the .proto sources.
 
 Run as `python -m sharepack.proto.generate` from the repository root (or `--check` to fail when the
-committed modules are stale). Both upstream files are named `api.proto`; they are compiled under
-distinct directory paths (`sharepack/proto/deviceplugin/v1beta1/`, `sharepack/proto/podresources/v1/`) so their
-descriptors do not collide in one process.
+committed modules are stale). Every upstream file is named `api.proto`; they are compiled under
+distinct directory paths (`sharepack/proto/deviceplugin/v1beta1/`, `sharepack/proto/podresources/v1/`,
+`sharepack/proto/dra/v1/`, `sharepack/proto/pluginregistration/v1/`) so their descriptors do not collide in one
+process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("sharepack/proto/deviceplugin/v1beta1/api.proto", "sharepack/proto/podresources/v1/api.proto")
+SOURCES = (
+    "sharepack/proto/deviceplugin/v1beta1/api.proto",
+    "sharepack/proto/podresources/v1/api.proto",
+    "sharepack/proto/dra/v1/api.proto",
+    "sharepack/proto/pluginregistration/v1/api.proto",
+)
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 

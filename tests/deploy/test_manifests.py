@@ -27,6 +27,14 @@ from sharepack.common import state
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.33.0"
+# deploy/dra needs resource.k8s.io/v1 DeviceClasses with extendedResourceName (Kubernetes >= 1.36).
+DRA_K8S_VERSION = "1.37.0"
+
+
+def _version_for(path: Path) -> str:
+    return DRA_K8S_VERSION if "dra" in path.relative_to(DEPLOY).parts else K8S_VERSION
+
+
 NOT_API_OBJECTS = {"kustomization.yaml", "kustomizeconfig.yaml", "kube-scheduler-config.yaml"}
 HELM = DEPLOY / "helm"  # templates, not manifests: tests/deploy/test_helm_chart.py renders and checks them
 
@@ -63,12 +71,12 @@ def _help(module: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "path", _manifest_files(), ids=lambda p: f"{p.relative_to(DEPLOY)} is valid Kubernetes {K8S_VERSION}"
+    "path", _manifest_files(), ids=lambda p: f"{p.relative_to(DEPLOY)} is valid Kubernetes {_version_for(p)}"
 )
 def test_manifest_is_strictly_valid(path: Path) -> None:
     for doc in yaml.safe_load_all(path.read_text()):
         if doc:
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            kubernetes_validate.validate(doc, _version_for(path), strict=True)
 
 
 def test_kustomizations_list_files_that_exist() -> None:
@@ -86,7 +94,7 @@ KUBECTL = shutil.which("kubectl")
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
-@pytest.mark.parametrize("target", ["base", "overlays/time-slicing", "overlays/mig", "overlays/scheduler-cidrs"])
+@pytest.mark.parametrize("target", ["base", "overlays/time-slicing", "overlays/mig", "overlays/scheduler-cidrs", "dra"])
 def test_kustomize_builds_valid_manifests(target: str) -> None:
     assert KUBECTL is not None
     built = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
@@ -94,7 +102,7 @@ def test_kustomize_builds_valid_manifests(target: str) -> None:
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
     assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "CustomResourceDefinition", "ConfigMap"}
     for doc in docs:
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        kubernetes_validate.validate(doc, _version_for(DEPLOY / target), strict=True)
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
     agent_config.load_config(file_text=cm["data"]["default"], file_source=f"{target}:default", env={}, flags={})
 
@@ -108,6 +116,19 @@ def test_manifest_flags_exist_in_the_cli(flag_source: str) -> None:
     for arg in container["args"]:
         flag = arg.split("=", 1)[0]
         assert flag in flags, f"{kind} {name} passes {flag}, which the CLI lacks"
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
+def test_the_dra_agent_passes_only_flags_the_cli_has_and_runs_in_dra_mode() -> None:
+    assert KUBECTL is not None
+    built = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / "dra")], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    (daemonset,) = [d for d in yaml.safe_load_all(built.stdout) if d and d["kind"] == "DaemonSet"]
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--mode=dra" in args
+    flags = _flags(_help("agent"))
+    for arg in args:
+        assert arg.split("=", 1)[0] in flags, f"deploy/dra passes {arg}, which the CLI lacks"
 
 
 def _flags(usage: str) -> set[str]:

@@ -1,5 +1,6 @@
 """The wire contract with the kubelet: method paths, field names and numbers as Kubernetes
-defines them (k8s.io/kubelet deviceplugin/v1beta1 and podresources/v1 `api.proto`).
+defines them (k8s.io/kubelet deviceplugin/v1beta1, podresources/v1, dra/v1 and
+pluginregistration/v1 `api.proto`).
 
 `test_generated_protobuf_modules_are_fresh` only proves the modules match our `.proto` files;
 this pins the `.proto` files to the kubelet's, so an edit that renames or renumbers a field
@@ -12,6 +13,8 @@ import pytest
 from google.protobuf.descriptor import FileDescriptor
 
 from sharepack.proto.deviceplugin.v1beta1 import api_pb2 as dp
+from sharepack.proto.dra.v1 import api_pb2 as dra
+from sharepack.proto.pluginregistration.v1 import api_pb2 as reg
 from sharepack.proto.podresources.v1 import api_pb2 as pr
 
 DEVICE_PLUGIN: dict[str, dict[str, int]] = {
@@ -65,13 +68,39 @@ METHODS = [
     pytest.param(pr.DESCRIPTOR, "v1", {
         "PodResourcesLister": ["List", "GetAllocatableResources", "Get"],
     }, id="pod resources"),
+    pytest.param(dra.DESCRIPTOR, "k8s.io.kubelet.pkg.apis.dra.v1", {
+        "DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"],
+    }, id="dra"),
+    pytest.param(reg.DESCRIPTOR, "pluginregistration", {
+        "Registration": ["GetInfo", "NotifyRegistrationStatus"],
+    }, id="plugin registration"),
 ]
+
+# k8s.io/kubelet v0.37.2 pkg/apis/dra/v1/api.proto and pkg/apis/pluginregistration/v1/api.proto.
+DRA: dict[str, dict[str, int]] = {
+    "NodePrepareResourcesRequest": {"claims": 1},
+    "NodePrepareResourcesResponse": {"claims": 1},
+    "NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    "Device": {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4, "share_id": 5},
+    "NodeUnprepareResourcesRequest": {"claims": 1},
+    "NodeUnprepareResourcesResponse": {"claims": 1},
+    "NodeUnprepareResourceResponse": {"error": 1},
+    "Claim": {"namespace": 1, "uid": 2, "name": 3},
+}
+REGISTRATION: dict[str, dict[str, int]] = {
+    "PluginInfo": {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4},
+    "RegistrationStatus": {"plugin_registered": 1, "error": 2},
+    "RegistrationStatusResponse": {},
+    "InfoRequest": {},
+}
 
 
 def _cases() -> list[object]:
     return [
         pytest.param(file, message, fields, id=f"{file.package}.{message}")
-        for file, table in ((dp.DESCRIPTOR, DEVICE_PLUGIN), (pr.DESCRIPTOR, POD_RESOURCES))
+        for file, table in (
+            (dp.DESCRIPTOR, DEVICE_PLUGIN), (pr.DESCRIPTOR, POD_RESOURCES), (dra.DESCRIPTOR, DRA), (reg.DESCRIPTOR, REGISTRATION),
+        )
         for message, fields in table.items()
     ]
 

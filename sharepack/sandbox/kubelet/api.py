@@ -30,6 +30,7 @@ import kubernetes
 from sharepack.sandbox.apiwatch import ApiSession, reflect
 from sharepack.sandbox.controlplane.plane import TRANSIENT_API_ERRORS
 from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
+from sharepack.sandbox.kubelet.dra import DraManager, DraPrepareError
 from sharepack.sandbox.kubelet.pods import AdmissionError, PodSpec
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,11 @@ class KubeletApi:
         kubelet_version: str,
         pod_spec: Callable[[Mapping[str, Any]], PodSpec],
         resources: Mapping[str, str] = DEFAULT_NODE_RESOURCES,
+        dra: DraManager | None = None,
     ) -> None:
+        """`dra`: the kubelet's DRA part (claims prepared before a pod starts), or None."""
         self.name = name
+        self.dra = dra
         self.kubelet = kubelet
         self._api = api
         self._core: Any = kubernetes.client.CoreV1Api(api)
@@ -192,6 +196,8 @@ class KubeletApi:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._status_loop(), name=f"kubelet-status-{self.name}")
                 group.create_task(self._lease_loop(), name=f"kubelet-lease-{self.name}")
+                if self.dra is not None:
+                    group.create_task(self.dra.run(), name=f"kubelet-dra-{self.name}")
                 group.create_task(
                     reflect(api, "/api/v1/pods", {"fieldSelector": f"spec.nodeName={self.name}"}, self._on_pod),
                     name=f"kubelet-pods-{self.name}",
@@ -230,12 +236,14 @@ class KubeletApi:
         phase = (pod.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in TERMINAL:
             await self.kubelet.remove_pod(uid)
+            await self._unprepare(uid)
             self._unadmitted.pop(uid, None)
             self._unreported.pop(uid, None)
             self._undeleted.pop(uid, None)
             return
         if meta.get("deletionTimestamp"):
             await self.kubelet.remove_pod(uid)
+            await self._unprepare(uid)
             self._unadmitted.pop(uid, None)
             try:
                 await self._finish_deletion(meta)
@@ -252,6 +260,17 @@ class KubeletApi:
             if uid in self._handled or any(a.pod.uid == uid for a in self.kubelet.admissions()):
                 return self.rejected.get(uid)
             self._handled.add(uid)
+            if self.dra is not None:
+                try:
+                    # Before the containers start: the pod's claims, prepared by their drivers.
+                    await self.dra.prepare_pod(pod)
+                except DraPrepareError as e:
+                    # The kubelet keeps the pod waiting and retries; so does the status loop here.
+                    log.warning("pod %s/%s: preparing its claims failed: %s; trying again",
+                                meta.get("namespace"), meta.get("name"), e)  # fmt: skip
+                    self._handled.discard(uid)
+                    self._unadmitted[uid] = pod
+                    return None
             try:
                 await self.kubelet.admit_pod(self._pod_spec(pod))
                 status: dict[str, Any] = running_status(pod, now())
@@ -270,6 +289,11 @@ class KubeletApi:
         except TRANSIENT_API_ERRORS:  # the API is away: the status loop writes it later
             self._unreported[uid] = (meta, status)
         return self.rejected.get(uid)
+
+    async def _unprepare(self, uid: str) -> None:
+        """After the pod's containers are gone: its claims, unprepared by their drivers."""
+        if self.dra is not None:
+            await self.dra.unprepare_pod(uid)
 
     async def _report(self, meta: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         try:

@@ -17,18 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import orjson
 
 from sharepack.agent import nvmlsim
-from sharepack.common import podrequests
+from sharepack.common import draclaims, dradevices, podrequests
 from sharepack.sandbox.controlplane import kubebuild
 from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
 from sharepack.sandbox.kubelet.api import KubeletApi
+from sharepack.sandbox.kubelet.dra import DraManager
 from sharepack.sandbox.kubelet.pods import ContainerSpec, PodSpec
 from sharepack.sandbox.processes import LoggedProcess
 
 log = logging.getLogger(__name__)
 
 AGENT_START_TIMEOUT_S = 30.0
+DEVICE_PLUGIN_MODE, DRA_MODE = "device-plugin", "dra"
+SLICE_POLL_S = 0.1
 # What GPU feature discovery labels a GPU node with; the agent DaemonSet selects on it.
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 
@@ -40,13 +44,16 @@ class NodeSpec:
     config_file: Path | None = None
     labels: Mapping[str, str] | None = None
     extra_agent_args: tuple[str, ...] = ()
+    mode: str = DEVICE_PLUGIN_MODE  # or DRA_MODE: the agent as a DRA kubelet plugin
 
 
-def _container_specs(containers: Sequence[podrequests.Container]) -> tuple[ContainerSpec, ...]:
+def _container_specs(
+    containers: Sequence[podrequests.Container], dra_backed: frozenset[tuple[str, str]] = frozenset()
+) -> tuple[ContainerSpec, ...]:
     return tuple(
         ContainerSpec(
             name=c.name,
-            requests={**c.limits, **c.requests},
+            requests={r: n for r, n in {**c.limits, **c.requests}.items() if (c.name, r) not in dra_backed},
             restartable=c.kind == podrequests.ContainerKind.SIDECAR,
         )
         for c in containers
@@ -54,14 +61,17 @@ def _container_specs(containers: Sequence[podrequests.Container]) -> tuple[Conta
 
 
 def pod_spec_from_api(doc: Mapping[str, Any]) -> PodSpec:
-    """The kubelet's view of a Pod object: the GPU requests of each container, in order."""
+    """The kubelet's view of a Pod object: the GPU requests of each container, in order. The
+    requests a DRA extended-resource claim serves are left out, as the kubelet's device manager
+    and node-fit check leave them to DRA."""
     pod = podrequests.decode_pod(doc)
+    backed = draclaims.dra_backed_requests(doc)
     return PodSpec(
         uid=pod.uid,
         name=pod.name,
         namespace=pod.namespace,
-        containers=_container_specs(pod.containers),
-        init_containers=_container_specs(pod.init_containers),
+        containers=_container_specs(pod.containers, backed),
+        init_containers=_container_specs(pod.init_containers, backed),
     )
 
 
@@ -84,6 +94,8 @@ class SimulatedNode:
         `kubeconfig`: what the agent authenticates with."""
         self.spec = spec
         self.kubelet = FakeKubelet(root, node_name=spec.name)
+        self.dra = DraManager(root, api) if spec.mode == DRA_MODE else None
+        self.cdi_root = root / "cdi"
         self.api = KubeletApi(
             spec.name,
             self.kubelet,
@@ -91,6 +103,7 @@ class SimulatedNode:
             labels={GPU_PRESENT_LABEL: "true", **(spec.labels or {})},
             kubelet_version=kubelet_version or kubebuild.kubernetes_version(),
             pod_spec=pod_spec_from_api,
+            dra=self.dra,
         )
         # The client's generated types make every field Optional; the sandbox reads them as the
         # API server fills them, so it holds the client untyped.
@@ -120,6 +133,13 @@ class SimulatedNode:
             "--log-format=text",
             "--metrics-listen=127.0.0.1:0",  # many agents on one host: any free port each
         ]  # fmt: skip
+        if self.dra is not None:
+            args += [
+                f"--mode={DRA_MODE}",
+                f"--plugins-registry={self.dra.registry_dir}",
+                f"--plugins-dir={self.dra.plugins_dir}",
+                f"--cdi-root={self.cdi_root}",
+            ]
         if self.spec.config_file is not None:
             args.append(f"--config-file={self.spec.config_file}")
         return args + list(self.spec.extra_agent_args)
@@ -187,8 +207,28 @@ class SimulatedNode:
         served.result()  # the kubelet's timeout
 
     async def _wait_resources(self, resources: Sequence[str]) -> None:
+        if self.dra is not None:
+            await self._wait_dra_driver()
+            return
         for resource in resources:
             await self.kubelet.wait_for_resource(resource, timeout=AGENT_START_TIMEOUT_S)
+
+    async def _wait_dra_driver(self) -> None:
+        """DRA mode: until the kubelet registered the agent's driver and the API server holds
+        this node's ResourceSlices (before that, kube-scheduler has no devices here)."""
+        assert self.dra is not None
+        self.dra.start_dirs()
+        resource: Any = kubernetes.client.ResourceV1Api(self._core.api_client)
+        selector = f"spec.nodeName={self.name},spec.driver={dradevices.DRIVER}"
+        async with asyncio.timeout(AGENT_START_TIMEOUT_S):
+            while dradevices.DRIVER not in self.dra.drivers:
+                await self.dra.scan()
+                await asyncio.sleep(SLICE_POLL_S)
+            while True:
+                listed = await asyncio.to_thread(resource.list_resource_slice, field_selector=selector, _preload_content=False)
+                if orjson.loads(listed.data).get("items"):
+                    return
+                await asyncio.sleep(SLICE_POLL_S)
 
     async def restart_agent(self) -> None:
         """SIGKILL the agent (a crash, or its DaemonSet pod replaced) and start it again with the
