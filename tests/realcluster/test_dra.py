@@ -25,7 +25,7 @@ import yaml
 from sharepack.agent.dra import cdi
 from sharepack.common import dradevices
 from sharepack.sandbox.controlplane.plane import BackgroundControlPlane, RealControlPlane
-from sharepack.sandbox.kubelet.drastack import DraCluster
+from sharepack.sandbox.drivers.drastack import DraCluster
 from tests.conftest import real_binaries
 
 pytestmark = pytest.mark.timeout(300)
