@@ -40,7 +40,7 @@ from sharepack.sandbox.apiserver.server import FakeApiServer
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sharepack.sandbox.controlplane.identities import Identities
 from sharepack.sandbox.kubelet.nodes import NodeSpec, NodeStartError, SimulatedNode
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 from sharepack.sandbox.drivers.stacks import Stack
 from sharepack.sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 from sharepack.sandbox.tcpproxy import RoundRobinProxy
@@ -369,6 +369,14 @@ class Sandbox(Stack):
         res = st.resource(SHARED_RESOURCE)
         gpus = tuple(g.key for g in res.gpus if pod.metadata.uid in g.pods) if res else ()
         return decision, gpus
+
+    async def schedule(self, name: str) -> Decision:
+        """Schedule pod `name` (created already): the scheduler driver's one pass on the
+        in-process control plane; on the real one, wait until kube-scheduler binds it or marks
+        it unschedulable."""
+        if self.real is None:
+            return await self.driver.schedule(NAMESPACE, name)
+        return await self._scheduled_by_kube_scheduler(kubernetes.client.CoreV1Api(self.api), name)
 
     async def _scheduled_by_kube_scheduler(self, core: Any, name: str) -> Decision:
         """Wait until kube-scheduler binds the pod, or marks it unschedulable."""

@@ -31,7 +31,7 @@ from sharepack.sandbox.apiwatch import ApiSession, reflect
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sharepack.sandbox.kubelet.fleet import Fleet, NodeShape, wait_for
 from sharepack.sandbox.controlplane.identities import Identities
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 from sharepack.sandbox.drivers.stacks import Stack
 
 log = logging.getLogger(__name__)
