@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -69,6 +70,27 @@ def real_binaries() -> "kubebuild.Binaries":
         "the real control plane is not built: run `python -m sharepack.sandbox.controlplane.kubebuild` (needs Go >= 1.26; "
         "scripts/test does it when Go is present)"
     )
+    if os.environ.get(REQUIRE_REAL):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def kubectls() -> list[str]:
+    """Every kubectl here: the one the real control plane's build made, and the one on PATH."""
+    from sharepack.sandbox.controlplane import kubebuild
+
+    built = kubebuild.cached()
+    found = [str(built.path("kubectl")) if built is not None else None, shutil.which("kubectl")]
+    return list(dict.fromkeys(k for k in found if k and os.access(k, os.X_OK)))
+
+
+def kubectl() -> str:
+    """A kubectl (the built one first), or a skip (a failure where REQUIRE_REAL is set: the
+    build makes one) that says why."""
+    found = kubectls()
+    if found:
+        return found[0]
+    why = "no kubectl: the real control plane is not built (`python -m sharepack.sandbox.controlplane.kubebuild`) and none is on PATH"
     if os.environ.get(REQUIRE_REAL):
         pytest.fail(why)
     pytest.skip(why)

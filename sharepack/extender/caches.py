@@ -48,7 +48,7 @@ from sharepack.common.podrequests import PodRequest
 from sharepack.common.policies import NodePolicy, Policy
 from sharepack.common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
 from sharepack.common.state import NodeState, from_status, observed_epoch
-from sharepack.extender import protocol
+from sharepack.extender import predictionlog, protocol
 from sharepack.extender.metrics import Metrics, NodeGauges, node_gauges
 from sharepack.extender.noderesources import NodeResources
 
@@ -631,6 +631,8 @@ class ClusterView:
         placement = predicted.placement if predicted is not None and predicted.feasible else {}
         if directed:
             placement = directed
+        else:
+            predictionlog.record(uid, node, placement)
         self.assumed[uid] = Assumed(uid, node, placement, self.clock() + self.assume_ttl)
         self._assumed_on.setdefault(node, set()).add(uid)
         self._rebuild(node)

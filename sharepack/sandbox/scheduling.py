@@ -33,6 +33,7 @@ from typing import Any
 
 import aiohttp
 import kubernetes
+import urllib3
 
 from sharepack.common import podrequests
 
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
 RESCHEDULE_S = 1.0
+# The API server or the extender away (a restart, an outage): what one pass of the loop may meet.
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    kubernetes.client.ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError, urllib3.exceptions.HTTPError,
+)
 
 
 def _now() -> str:
@@ -115,12 +120,17 @@ class SchedulerDriver:
 
     async def schedule(self, namespace: str, name: str) -> Decision:
         pod = await asyncio.to_thread(self._core.read_namespaced_pod, name, namespace)
-        doc = self._api.sanitize_for_serialization(pod)
-        key = f"{namespace}/{name}"
-        request = podrequests.decode_pod_request(doc)
         nodes = (await asyncio.to_thread(self._core.list_node)).items
         pods = (await asyncio.to_thread(self._core.list_pod_for_all_namespaces)).items
-        usage = _bound_usage(pods, self._api)
+        return await self._decide(pod, nodes, _bound_usage(pods, self._api))
+
+    async def _decide(self, pod: Any, nodes: Sequence[Any], usage: dict[str, dict[str, int]]) -> Decision:
+        """Filter, score and bind `pod` against `usage` (node -> resource -> bound), which a
+        successful bind updates: one pass of `run` lists nodes and pods once, as kube-scheduler
+        schedules from its cache rather than listing per pod."""
+        doc = self._api.sanitize_for_serialization(pod)
+        key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        request = podrequests.decode_pod_request(doc)
 
         feasible = []
         reasons: dict[str, str] = {}
@@ -176,6 +186,9 @@ class SchedulerDriver:
         best = max(scores.values())
         choice = self._rng.choice(sorted(n for n, s in scores.items() if s == best))
         await self._bind(ext if interested else None, pod, choice)
+        used = usage.setdefault(choice, {})
+        for r in request.resources:
+            used[r] = used.get(r, 0) + request.total(r)
         return Decision(key, choice, "", tuple(feasible), scores)
 
     async def run(self, *, scheduler_name: str = "default-scheduler", period: float = RESCHEDULE_S) -> None:
@@ -184,23 +197,35 @@ class SchedulerDriver:
         kube-scheduler records it (the PodScheduled condition and a Scheduled or
         FailedScheduling event)."""
         while True:
-            pending = await asyncio.to_thread(self._core.list_pod_for_all_namespaces, field_selector="spec.nodeName=")
-            for pod in pending.items:
+            try:
+                nodes = (await asyncio.to_thread(self._core.list_node)).items
+                pods = (await asyncio.to_thread(self._core.list_pod_for_all_namespaces)).items
+            except UNAVAILABLE as e:  # the API server away: kube-scheduler waits it out too
+                log.warning("listing pods failed: %s", getattr(e, "reason", None) or e)
+                await asyncio.sleep(period)
+                continue
+            usage = _bound_usage(pods, self._api)
+            for pod in (p for p in pods if not p.spec.node_name):
                 meta = pod.metadata
                 if meta.deletion_timestamp or pod.spec.scheduler_name not in (None, scheduler_name):
                     continue
                 if pod.status and pod.status.phase in ("Succeeded", "Failed"):
                     continue
                 try:
-                    decision = await self.schedule(meta.namespace, meta.name)
+                    decision = await self._decide(pod, nodes, usage)
+                    await self._record(pod, decision)
                 except kubernetes.client.ApiException as e:
                     if e.status != 404:  # 404: deleted since the list
                         log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e.reason)
-                    continue
+                    if e.status is not None and e.status >= 500:
+                        break  # the API server is away: the next pass tries again
                 except SchedulingError as e:
                     log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e)
-                    continue
-                await self._record(pod, decision)
+                except UNAVAILABLE as e:
+                    # The extender or the API server away: the pod is retried on the next pass,
+                    # as kube-scheduler requeues it; never the end of the loop.
+                    log.warning("scheduling %s/%s failed: %s", meta.namespace, meta.name, e)
+                    break
             await asyncio.sleep(period)
 
     async def _record(self, pod: Any, decision: Decision) -> None:

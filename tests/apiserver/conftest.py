@@ -45,10 +45,7 @@ async def kube(request: pytest.FixtureRequest, tmp_short: Path) -> AsyncIterator
             finally:
                 api_client.close()
         return
-    try:
-        control = request.getfixturevalue("real_control_plane")
-    except pytest.FixtureLookupError:
-        pytest.skip("no real_control_plane fixture in tests/conftest.py")
+    control = request.getfixturevalue("real_control_plane")  # skips, or fails under SHAREPACK_REQUIRE_REAL
     kubeconfig = Path(control.kubeconfig)
     api_client = config.new_client_from_config(config_file=str(kubeconfig))
     try:

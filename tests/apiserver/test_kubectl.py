@@ -4,7 +4,6 @@ columns. The Table is checked through HTTP; kubectl itself runs when it is insta
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from kubernetes import client
 from sharepack.common import state as gpustate
 from sharepack.sandbox.apiserver import printers
 from sharepack.sandbox.apiserver.server import FakeApiServer
+from tests.conftest import kubectl
 
 CRD = Path(__file__).parents[2] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
@@ -118,14 +118,13 @@ def test_ages_print_as_kubectl_prints_them(seconds: int, text: str) -> None:
     assert printers.human_age(seconds) == text
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 async def test_kubectl_get_prints_the_printer_columns(
     api: client.ApiClient, server: FakeApiServer, tmp_short: Path
 ) -> None:
     await _seed(api)
     kubeconfig = server.write_kubeconfig(tmp_short / "kubectl-config")
     proc = await asyncio.create_subprocess_exec(
-        "kubectl", "--kubeconfig", str(kubeconfig), "get", "nodegpustates,pods",
+        kubectl(), "--kubeconfig", str(kubeconfig), "get", "nodegpustates,pods",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={"HOME": str(tmp_short), "PATH": "/usr/local/bin:/usr/bin:/bin"},
     )  # fmt: skip

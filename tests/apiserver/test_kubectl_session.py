@@ -1,33 +1,22 @@
 """What a user does with kubectl against the sandbox API server (issue 10, item 5): apply and
 create (which need the OpenAPI documents), explain, auth can-i, get nodes / pods / events,
 describe. Run with every kubectl found: the one on PATH and the one the real control plane's
-build makes; skipped where there is none."""
+build makes; skipped where there is none (a failure under SHAREPACK_REQUIRE_REAL)."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
 
 from sharepack.sandbox.apiserver import resources as kinds
 from sharepack.sandbox.apiserver.server import FakeApiServer
+from tests.conftest import kubectl as any_kubectl
+from tests.conftest import kubectls
 
 
-def _kubectls() -> list[str]:
-    found = [shutil.which("kubectl")]
-    try:
-        from sharepack.sandbox.controlplane import kubebuild  # type: ignore[attr-defined, unused-ignore]
-
-        built = kubebuild.cached()
-        found.append(str(built.path("kubectl")) if built is not None else None)
-    except ImportError:
-        pass
-    return sorted({k for k in found if k})
-
-
-KUBECTLS = _kubectls()
+KUBECTLS = kubectls() or ["(none)"]  # "(none)": the test skips, or fails under SHAREPACK_REQUIRE_REAL
 POD = """apiVersion: v1
 kind: Pod
 metadata:
@@ -72,9 +61,10 @@ async def _kubectl(kubectl: str, kubeconfig: Path, home: Path, *args: str, stdin
     return out.decode()
 
 
-@pytest.mark.skipif(not KUBECTLS, reason="no kubectl on PATH and no real control plane build")
 @pytest.mark.parametrize("kubectl", KUBECTLS)
 async def test_a_kubectl_session_works_as_on_a_cluster(server: FakeApiServer, tmp_short: Path, kubectl: str) -> None:
+    if kubectl == "(none)":
+        kubectl = any_kubectl()  # the skip or failure that says why
     _seed(server)
     config = server.write_kubeconfig(tmp_short / "config")
 

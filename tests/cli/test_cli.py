@@ -5,6 +5,7 @@ process watching the same API server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -45,6 +46,8 @@ def status_doc(gpus: list[Gpu], *, age_s: float = 0.0, pods: tuple[str, ...] = (
 
 
 MAX_AGE_S = 5.0  # the extender's --state-max-age-seconds here
+HEARTBEAT_S = 0.5  # how often the live agents of a test rewrite their states
+NODES = ["node-a", "node-b", "node-c", "node-d", "node-e"]
 
 
 def publish(server: FakeApiServer, node: str, status: dict[str, Any]) -> None:
@@ -251,11 +254,48 @@ def refresh_all_but_node_c(server: FakeApiServer) -> None:
         publish(server, node, {**status, "observedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")})
 
 
+async def explained(extender: str) -> dict[str, str]:
+    """Node -> what the extender knows of it now (its /explain, as the CLI asks it)."""
+    async with aiohttp.ClientSession() as http, http.post(f"{extender}/explain", data=explain_args(NODES)) as resp:
+        return {n["node"]: n["knowledge"] for n in (await resp.json())["nodes"]} if resp.status == 200 else {}
+
+
+@contextlib.asynccontextmanager
+async def live_agents(server: FakeApiServer) -> AsyncIterator[None]:
+    """Every agent but node-c's beats (a new observedAt every HEARTBEAT_S, as live agents do)
+    until the block ends: however slow the machine, no live node ages past the max age."""
+
+    async def beat() -> None:
+        while True:
+            refresh_all_but_node_c(server)
+            await asyncio.sleep(HEARTBEAT_S)
+
+    beating = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+
+
+@contextlib.asynccontextmanager
+async def only_node_c_silent(server: FakeApiServer, extender: str) -> AsyncIterator[None]:
+    """`live_agents`, entered once the extender sees node-c stale (a condition, not a sleep)."""
+    async with live_agents(server):
+        async with asyncio.timeout(MAX_AGE_S + DEADLINE_S):
+            while (await explained(extender)).get("node-c") != "stale":
+                await asyncio.sleep(0.1)
+        yield
+
+
 async def test_explain_a_pending_pod_lists_every_node_best_first(server: FakeApiServer, kubeconfig: Path, extender: str) -> None:
     create_pod(server, "trainer", 3)
-    await asyncio.sleep(MAX_AGE_S + 0.5)
-    refresh_all_but_node_c(server)
-    await asyncio.sleep(0.5)  # the extender's watch delivers the writes
+    async with only_node_c_silent(server, extender):
+        await pending_pod_explained(kubeconfig, extender)
+
+
+async def pending_pod_explained(kubeconfig: Path, extender: str) -> None:
     code, out, err = await sharepack("--kubeconfig", str(kubeconfig), "explain", "trainer", "--extender-url", extender, "-o", "json")
     assert (code, err) == (0, "")
     answer = json.loads(out)
@@ -344,7 +384,8 @@ async def test_explain_reaches_the_extender_through_the_api_servers_service_prox
         fronted = tmp_short / "fronted-kubeconfig"
         fronted.write_text(yaml.safe_dump(doc))
         create_pod(server, "trainer", 3)
-        code, out, err = await sharepack("--kubeconfig", str(fronted), "explain", "trainer", "-o", "json")
+        async with live_agents(server):  # node-a stays fresh, so its verdict is its own
+            code, out, err = await sharepack("--kubeconfig", str(fronted), "explain", "trainer", "-o", "json")
         assert (code, err) == (0, "")
         assert proxied == ["Bearer sandbox"]
         assert {n["node"]: n["filter"] for n in json.loads(out)["nodes"]}["node-a"] == "fail"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,13 +23,13 @@ import yaml
 from sharepack.common import config as agent_config
 from sharepack.common import policies
 from sharepack.extender.bindguard import UnscoredBinds
+from tests.conftest import kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "sharepack"
 BUILDER = DEPLOY / "helm" / "tool" / "build.py"
 K8S_VERSION = "1.33.0"
-KUBECTL = shutil.which("kubectl")
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 AGENT_CONFIGMAP = ("ConfigMap", "sharepack-system", "sharepack-agent-config")
 # Values files that stand for an overlay: ci/<overlay>-values.yaml renders what deploy/overlays/<overlay> builds.
@@ -75,8 +74,7 @@ def _render(helm: Path, *values: str, sets: tuple[str, ...] = ()) -> list[dict[s
 
 
 def _kustomize(target: str) -> list[dict[str, Any]]:
-    assert KUBECTL is not None
-    built = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([kubectl(), "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     return [d for d in yaml.safe_load_all(built.stdout) if d]
 
@@ -176,12 +174,10 @@ def test_render_is_strictly_valid(helm: Path, values: str) -> None:
     _validate(docs, f"chart with {values or 'defaults'}")
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
 def test_default_render_is_the_kustomize_build_of_the_base(helm: Path) -> None:
     _assert_same_objects(_render(helm), _kustomize("base"))
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda o: f"ci/{o}-values.yaml renders overlays/{o}")
 def test_overlay_values_render_the_overlay(helm: Path, overlay: str) -> None:
     assert f"{overlay}-values.yaml" in VALUES_FILES, f"deploy/overlays/{overlay} has no chart values file"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from sharepack.common import addresses
 from sharepack.common import config as agent_config
 from sharepack.common import resources
 from sharepack.common import state
+from tests.conftest import kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -90,14 +90,9 @@ def test_kustomizations_list_files_that_exist() -> None:
     assert base == listed, "a base manifest is missing from deploy/base/kustomization.yaml"
 
 
-KUBECTL = shutil.which("kubectl")
-
-
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
 @pytest.mark.parametrize("target", ["base", "overlays/time-slicing", "overlays/mig", "overlays/scheduler-cidrs", "dra"])
 def test_kustomize_builds_valid_manifests(target: str) -> None:
-    assert KUBECTL is not None
-    built = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([kubectl(), "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
     assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "CustomResourceDefinition", "ConfigMap"}

@@ -6,33 +6,21 @@ tests/deploy/test_helm_chart.py checks the renders offline."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sharepack.sandbox.controlplane.plane import RealControlPlane
+from tests.deploy.test_helm_chart import cached_helm  # a skip, or a failure under SHAREPACK_REQUIRE_REAL
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "sharepack"
-BUILDER = ROOT / "deploy" / "helm" / "tool" / "build.py"
-
-
-def _helm() -> Path:
-    probe = subprocess.run(
-        [sys.executable, "-c", "import build; print(build.cache_dir() / 'helm')"],
-        cwd=BUILDER.parent, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    path = Path(probe.stdout.strip())
-    if not path.exists():
-        pytest.skip(f"helm is not built: run `python3 {BUILDER.relative_to(ROOT)}` (scripts/test does it)")
-    return path
 
 
 @pytest.mark.parametrize("values", ["", *sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))],
                          ids=lambda v: f"{v or 'defaults'} applies on the real API server")  # fmt: skip
 def test_each_render_is_accepted_by_the_real_api_server(real_control_plane: RealControlPlane, values: str) -> None:
-    args = [str(_helm()), "template", "sharepack", str(CHART), "--include-crds", "--namespace", "sharepack-system"]
+    args = [str(cached_helm()), "template", "sharepack", str(CHART), "--include-crds", "--namespace", "sharepack-system"]
     if values:
         args += ["--values", str(CHART / "ci" / values)]
     rendered = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sharepack.common import devices, directions
 from sharepack.common.policies import Policy
 from sharepack.sandbox.controlplane import plane as controlplane
 from sharepack.sandbox.apiserver.server import FakeApiServer
@@ -23,6 +24,7 @@ from tests.scale import expected
 NS = "scale"
 NGS = "/apis/sharepack.io/v1alpha1/nodegpustates"
 REPLICAS = 4
+SHARED = "nvidia.com/gpu.shared"
 
 
 @pytest.fixture
@@ -50,9 +52,11 @@ async def stop(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def bind(api: ApiSession, name: str, node: str, replicas: int) -> dict[str, Any]:
-    pod = gpu_pod(name, resource="nvidia.com/gpu.shared", count=replicas, namespace=NS)
+async def bind(api: ApiSession, name: str, node: str, replicas: int, *, annotation: str = "") -> dict[str, Any]:
+    pod = gpu_pod(name, resource=SHARED, count=replicas, namespace=NS)
     pod["spec"]["nodeName"] = node
+    if annotation:
+        pod["metadata"]["annotations"] = {"sharepack.io/gpus": annotation}
     return await api.send("POST", f"/api/v1/namespaces/{NS}/pods", pod)
 
 
@@ -106,6 +110,45 @@ async def test_a_pod_that_does_not_fit_fails_and_a_deleted_pod_frees_its_devices
         await stop(task)
 
 
+async def test_directed_gpus_are_honoured_where_they_fit_and_fall_back_with_a_reason(api: ApiSession) -> None:
+    """As the agent does (agent.directing): a pod directed to a GPU gets its devices there,
+    against what the node's policy would choose; directions that do not fit, for another node
+    or unreadable fall back to the policy, counted by reason."""
+    fleet, task = await running_fleet(api, Policy.PACKED, nodes=1)
+    node = "sim-node-00000"
+    try:
+        gpus = sorted({d.physical_key for d in fleet.nodes[node].resources[0].devices})
+        assert len(gpus) == 2
+        first = await bind(api, "first", node, 1)  # packed: the policy puts it on the first GPU
+        await until(api, f"{NGS}/{node}", lambda o: sum(a for a, _ in expected.published(o).values()) == 1)
+        policy_gpu = devices_of(fleet, node, str(first["metadata"]["uid"]))
+        other = next(g for g in gpus if g not in policy_gpu)
+        # Packed would put 2 more replicas beside the first; the directions say the other GPU.
+        steered = await bind(api, "steered", node, 2, annotation=directions_for(node, {other: 2}))
+        too_many = await bind(api, "too-many", node, 1, annotation=directions_for(node, {other: 3}))
+        elsewhere = await bind(api, "elsewhere", node, 1, annotation=directions_for("sim-node-00009", {other: 1}))
+        garbled = await bind(api, "garbled", node, 1, annotation="{not json")
+        await until(api, f"{NGS}/{node}", lambda o: sum(a for a, _ in expected.published(o).values()) == 6)
+        assert devices_of(fleet, node, str(steered["metadata"]["uid"])) == [other, other]
+        for pod in (too_many, elsewhere, garbled):
+            assert str(pod["metadata"]["uid"]) in fleet.nodes[node].pods  # admitted by the policy
+        assert fleet.directed.honoured == 1
+        assert {str(r): n for r, n in fleet.directed.fallbacks.items() if n} == {
+            "no-directions": 1, "unavailable": 1, "other-node": 1, "malformed": 1,
+        }
+    finally:
+        await stop(task)
+
+
+def directions_for(node: str, gpus: dict[str, int]) -> str:
+    keys = tuple(sorted(k for k, n in gpus.items() for _ in range(n)))
+    return directions.encode(directions.Directions(node, (directions.ContainerDirections("main", {SHARED: keys}),)))
+
+
+def devices_of(fleet: Fleet, node: str, uid: str) -> list[str]:
+    return sorted(devices.physical_key(d) for d in fleet.nodes[node].pods[uid].devices[SHARED])
+
+
 async def test_nodes_advertise_the_agents_resources_and_are_ready(api: ApiSession) -> None:
     fleet, task = await running_fleet(api, Policy.PACKED, nodes=1)
     try:
@@ -131,36 +174,3 @@ async def test_heartbeats_rewrite_every_state_and_never_hold_up_settling(api: Ap
         await until(api, f"{NGS}/sim-node-00002", lambda o: o["status"]["observedAt"] != first["sim-node-00002"])
     finally:
         await stop(task)
-
-
-def test_a_node_gives_a_directed_pod_the_gpus_its_directions_name() -> None:
-    from sharepack.common import directions, podrequests
-    from sharepack.sandbox.kubelet.fleet import NodeDevices, agent_config, pod_directions
-
-    shape = synthetic_shapes(1, gpus=2)[0]
-    node = NodeDevices(shape, agent_config(REPLICAS, Policy.PACKED))
-    (res,) = node.resources
-    key_of = {d.id: d.physical_key for d in res.devices}
-    gpu0, gpu1 = sorted(set(key_of.values()))
-
-    def pod(name: str, count: int, keys: tuple[str, ...] | None) -> dict[str, Any]:
-        doc = gpu_pod(name, resource=res.name, count=count, namespace=NS)
-        doc["metadata"]["uid"] = name
-        if keys is not None:
-            d = directions.from_placements(shape.name, [("main", {res.name: keys})])
-            doc["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(d)}
-        return doc
-
-    def admit(doc: dict[str, Any]) -> set[str]:
-        devices = node.admit(podrequests.decode_pod_request(doc), pod_directions(doc, shape.name))
-        return {key_of[i] for i in devices.devices[res.name]}
-
-    assert admit(pod("first", 1, None)) == {gpu0}  # packed, undirected: the first GPU
-    assert admit(pod("second", 2, (gpu1, gpu1))) == {gpu1}  # directed: GPU 1, though packed says GPU 0
-    assert node.honoured == 1 and node.fallbacks == 0
-    third = pod("third", 3, (gpu1,))  # directions for 1 device, a request for 3: the policy chooses
-    devices = node.admit(podrequests.decode_pod_request(third), pod_directions(third, shape.name))
-    assert len(devices.devices[res.name]) == 3 and node.fallbacks == 1 and node.honoured == 1
-    other = pod("fourth", 1, None)
-    other["metadata"]["annotations"] = {directions.ANNOTATION: "not directions"}
-    assert pod_directions(other, shape.name) is None

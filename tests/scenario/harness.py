@@ -18,14 +18,15 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import kubernetes
 
-from sharepack.common import devices, podrequests, scoring
+from sharepack.agent.podresources import PodResourcesClient
+from sharepack.common import devices, directions, podrequests, scoring
 from sharepack.common import state as gpustate
 from sharepack.common.errors import StateSchemaError
 from sharepack.common.policies import Policy
@@ -254,6 +255,8 @@ class PodOutcome:
     admitted: Counter[str]  # what the kubelet holds for the pod (device IDs -> physical GPU)
     published: frozenset[str]  # physical GPUs the node's NodeGpuState lists the pod on
     scores: Mapping[str, int]
+    directed: Counter[str] = field(default_factory=Counter)  # its sharepack.io/gpus annotation, per GPU
+    held: Counter[str] = field(default_factory=Counter)  # what PodResources lists for it, per GPU
 
     def describe(self) -> str:
         return (
@@ -272,6 +275,7 @@ async def run_serial_pod(box: Sandbox, wave: Wave, i: int, node_policy: Policy) 
     uid = doc["metadata"]["uid"]
     if decision.node is None:
         return PodOutcome(name, wave.name, uid, None, decision.reason, Counter(), Counter(), frozenset(), {})
+    node = node_named(box, decision.node)
     request = podrequests.decode_pod_request(doc)
     predicted = scoring.score_node(before[decision.node], request, node_policy)
     after = await node_states(box)
@@ -282,10 +286,31 @@ async def run_serial_pod(box: Sandbox, wave: Wave, i: int, node_policy: Policy) 
         node=decision.node,
         reason=decision.reason or predicted.reason,
         predicted=Counter(predicted.placement.get(SHARED_RESOURCE, ())),
-        admitted=kubelet_gpus(node_named(box, decision.node), uid),
+        admitted=kubelet_gpus(node, uid),
         published=gpus_of(after[decision.node], uid),
         scores=dict(decision.scores),
+        directed=directed_gpus(doc, decision.node),
+        held=await podresources_gpus(node, name),
     )
+
+
+def directed_gpus(doc: Mapping[str, Any], node: str) -> Counter[str]:
+    """Replicas per physical GPU the pod's `sharepack.io/gpus` annotation directs (none: empty)."""
+    text = (doc.get("metadata", {}).get("annotations") or {}).get(directions.ANNOTATION)
+    if text is None:
+        return Counter()
+    d = directions.decode(text, where=f"pod {doc['metadata']['name']}")
+    assert d.node == node, f"directed to {d.node}, bound to {node}"
+    return Counter(directions.placement(d).get(SHARED_RESOURCE, ()))
+
+
+async def podresources_gpus(node: SimulatedNode, name: str) -> Counter[str]:
+    """Replicas per physical GPU the node's PodResources API lists for pod `name` (over gRPC,
+    as the agent reads it)."""
+    async with PodResourcesClient(node.kubelet.pod_resources_socket) as client:
+        pods = await client.list()
+    ids = next((p.devices.get(SHARED_RESOURCE, frozenset()) for p in pods if (p.namespace, p.name) == (demo.NAMESPACE, name)), frozenset())
+    return Counter(devices.physical_key(d) for d in ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,12 +121,16 @@ def test_the_extender_counts_every_prediction_as_a_match(stream: StreamResult) -
     assert stream.missed == ()
 
 
-def test_every_pod_gets_the_gpus_the_extender_directed(stream: StreamResult) -> None:
+def test_every_pod_holds_the_gpus_the_extender_directed(stream: StreamResult) -> None:
     """The extender annotates each pod with the GPUs it counted it on; each node's agent
-    allocates on exactly those (its log says so once per pod and never falls back)."""
-    honoured, fallbacks = stream.directed
+    allocates on exactly those: the annotation equals, replica for replica, the devices
+    PodResources lists for the pod (and the agents never logged a fallback)."""
+    wrong = [f"{o.describe()}; directed {dict(o.directed)}, holds {dict(o.held)}" for o in stream.outcomes
+             if not o.directed or o.directed != o.held]  # fmt: skip
+    assert wrong == []
+    assert all(o.held == o.admitted for o in stream.outcomes)  # PodResources agrees with the kubelet
+    _, fallbacks = stream.directed
     assert fallbacks == ()
-    assert honoured == len(stream.outcomes)
 
 
 def test_the_sandbox_leaves_no_process_socket_or_task_behind(stream: StreamResult) -> None:

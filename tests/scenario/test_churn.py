@@ -25,6 +25,7 @@ import pytest
 from sharepack.common.policies import Policy
 from sharepack.sandbox.drivers import demo
 from sharepack.sandbox.drivers.demo import Sandbox, Workload
+from tests.conftest import real_binaries
 from tests.scenario.harness import (
     MACHINE,
     REPLICAS,
@@ -49,26 +50,49 @@ CACHE_PODS = "sharepack_extender_cache_pods"
 
 
 async def burst_pod(box: Sandbox, name: str, replicas: int) -> None:
-    """Create, schedule and admit one pod; no waiting for its node to publish it."""
+    """Create, schedule and admit one pod; no waiting for its node to publish it. (On the real
+    control plane kube-scheduler binds it and the node's kubelet, watching its pods, admits
+    it; `sync_pods` then only reports a refusal.)"""
     core: Any = kubernetes.client.CoreV1Api(box.api)
     await asyncio.to_thread(core.create_namespaced_pod, demo.NAMESPACE, pod_body(name, replicas))
-    decision = await box.driver.schedule(demo.NAMESPACE, name)
+    decision = await box.schedule(name)
     assert decision.node is not None, decision.reason
     assert await node_named(box, decision.node).sync_pods() == []
 
 
 async def delete_pod(box: Sandbox, name: str) -> None:
+    """In-process: deleted at once and its devices freed by hand (no kubelet watches there).
+    Real: a graceful deletion, the real server's sequence: the API server marks the pod, its
+    kubelet frees the devices and deletes it for good."""
     doc = await read_pod(box, name)
     core: Any = kubernetes.client.CoreV1Api(box.api)
-    await asyncio.to_thread(core.delete_namespaced_pod, name, demo.NAMESPACE, grace_period_seconds=0)
-    await node_named(box, doc["spec"]["nodeName"]).kubelet.remove_pod(doc["metadata"]["uid"])
+    if box.real is None:
+        await asyncio.to_thread(core.delete_namespaced_pod, name, demo.NAMESPACE, grace_period_seconds=0)
+        await node_named(box, doc["spec"]["nodeName"]).kubelet.remove_pod(doc["metadata"]["uid"])
+        return
+    marked = await asyncio.to_thread(core.delete_namespaced_pod, name, demo.NAMESPACE)
+    assert marked.metadata.deletion_timestamp, "a bound pod is only marked for deletion at first"
+    node = node_named(box, doc["spec"]["nodeName"])
+    uid = doc["metadata"]["uid"]
+
+    async def freed_and_gone() -> bool:
+        if any(a.pod.uid == uid for a in node.kubelet.admissions()):
+            return False
+        try:
+            await read_pod(box, name)
+        except kubernetes.client.ApiException as e:
+            return e.status == 404
+        return False
+
+    await eventually(freed_and_gone, f"the kubelet to free {name}'s devices and finish its deletion")
 
 
-async def churn() -> tuple[int, int]:
+async def churn(control_plane: str) -> tuple[int, int]:
     """(match, mismatch) of the burst's predictions."""
     root = short_root("spch-")
     try:
-        async with Sandbox(Policy.PACKED, NODES, MACHINE, Workload(REPLICAS, ()), root) as box:
+        workload = Workload(REPLICAS, ())
+        async with Sandbox(Policy.PACKED, NODES, MACHINE, workload, root, control_plane=control_plane) as box:
             await wait_stack_ready(box)
             for i, n in enumerate(SERIAL):
                 decision, _ = await box.run_pod(f"serial-{i}", n)
@@ -91,8 +115,11 @@ async def churn() -> tuple[int, int]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_a_burst_right_after_deletions_is_predicted_exactly() -> None:
-    match, mismatch = asyncio.run(churn())
+@pytest.mark.parametrize("control_plane", demo.CONTROL_PLANES)
+def test_a_burst_right_after_deletions_is_predicted_exactly(control_plane: str) -> None:
+    if control_plane == demo.REAL:
+        real_binaries()
+    match, mismatch = asyncio.run(churn(control_plane))
     if os.environ.get("SHAREPACK_PRINT_FIGURES"):
         print(f"\nburst after deletions: predictions matched {match}/{match + mismatch}")
     assert (match, mismatch) == (len(BURST), 0)

@@ -28,9 +28,12 @@ from sharepack.common import podrequests, scoring
 from sharepack.common.policies import Policy
 from sharepack.sandbox.drivers import demo
 from sharepack.sandbox.drivers.demo import SHARED_RESOURCE, Sandbox, Workload
+from tests.conftest import real_binaries
+from sharepack.sandbox.kubelet.nodes import SimulatedNode
 from tests.scenario.harness import (
     MACHINE,
     REPLICAS,
+    eventually,
     kubelet_gpus,
     kubelet_held,
     node_states,
@@ -41,7 +44,7 @@ from tests.scenario.harness import (
     wait_stack_ready,
 )
 
-pytestmark = pytest.mark.timeout(120)  # the first test pays for the module's sandbox
+pytestmark = pytest.mark.timeout(240)  # the first test of each plane pays for its sandbox
 
 POLICY = Policy.PACKED
 
@@ -72,7 +75,7 @@ async def place(box: Sandbox, body: dict[str, Any]) -> tuple[Counter[str], Count
     core: Any = kubernetes.client.CoreV1Api(box.api)
     name = body["metadata"]["name"]
     await asyncio.to_thread(core.create_namespaced_pod, demo.NAMESPACE, body)
-    decision = await box.driver.schedule(demo.NAMESPACE, name)
+    decision = await box.schedule(name)
     assert decision.node == node.name, decision
     assert await node.sync_pods() == []
     doc = await read_pod(box, name)
@@ -84,6 +87,20 @@ async def place(box: Sandbox, body: dict[str, Any]) -> tuple[Counter[str], Count
         kubelet_gpus(node, uid),
         published_allocated(after) - published_allocated(before),
     )
+
+
+async def allocatable_again(box: Sandbox, node: SimulatedNode) -> None:
+    """The restarted agent's devices are in the Node's status again (the kubelet posts them
+    with its next status; kube-scheduler, on the real control plane, schedules from that)."""
+    core: Any = kubernetes.client.CoreV1Api(box.api)
+    want = str(len(node.kubelet.healthy(SHARED_RESOURCE)))
+    await node.sync_status()
+
+    async def posted() -> bool:
+        obj = await asyncio.to_thread(core.read_node, node.name)
+        return bool((obj.status.allocatable or {}).get(SHARED_RESOURCE) == want)
+
+    await eventually(posted, "the Node's allocatable to list the restarted agent's devices")
 
 
 AGREEING = {
@@ -106,12 +123,12 @@ class Record:
     held_restarted: Counter[str]  # the kubelet then
 
 
-async def scenario() -> Record:
+async def scenario(control_plane: str) -> Record:
     """One sandbox (one node, 16 replicas): the agreeing pods, then a pod whose init container
     holds more than its app reuses (last: it skews the published state) and a pod after it."""
     root = short_root("spini-")
     try:
-        async with Sandbox(POLICY, 1, MACHINE, Workload(REPLICAS, ()), root) as box:
+        async with Sandbox(POLICY, 1, MACHINE, Workload(REPLICAS, ()), root, control_plane=control_plane) as box:
             await wait_stack_ready(box)
             agreeing = {case: await place(box, body) for case, body in AGREEING.items()}
             settled = await wait_settled(box, len(AGREEING))
@@ -127,6 +144,7 @@ async def scenario() -> Record:
             # The agent restarts: the init container's surplus is known only from the Allocate
             # log it keeps beside the sockets. A pod after the restart makes it publish.
             await node.restart_agent()
+            await allocatable_again(box, node)
             await place(box, pod("after-restart", [1]))
             restarted = published_allocated((await node_states(box))[node.name])
             return Record(agreeing, settled, big_init, published, held, restarted, kubelet_held(node))
@@ -134,9 +152,13 @@ async def scenario() -> Record:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def record() -> Record:
-    return asyncio.run(scenario())
+@pytest.fixture(scope="module", params=demo.CONTROL_PLANES)
+def record(request: pytest.FixtureRequest) -> Record:
+    """The scenario once per control plane (on the real one, kube-scheduler binds and the
+    kubelet admits each pod from its own pod watch)."""
+    if request.param == demo.REAL:
+        real_binaries()
+    return asyncio.run(scenario(str(request.param)))
 
 
 @pytest.mark.parametrize("case", AGREEING)

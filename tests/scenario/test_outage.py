@@ -6,7 +6,9 @@ agent cannot publish meanwhile; once the API is back its NodeGpuState catches up
 the extender's caches recover, and the extender's predictions for the pods it bound before the
 outage still match what the agent did.
 
-Both outage kinds the sandbox offers: 503 for every request, and nothing listening at all.
+Both outage kinds the sandbox API server offers: 503 for every request, and nothing listening at
+all; and on the real control plane, kube-apiserver stopped (its port closed) with kube-scheduler
+binding the pods.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sharepack.sandbox.apiserver.server import PauseMode
 from sharepack.sandbox.drivers.demo import SHARED_RESOURCE, Sandbox, Workload
 from sharepack.sandbox.kubelet.pods import Admission
 from sharepack.sandbox.kubelet.nodes import SimulatedNode, pod_spec_from_api
+from tests.conftest import real_binaries
 from tests.scenario.harness import (
     MACHINE,
     REPLICAS,
@@ -189,3 +192,67 @@ async def test_pods_are_admitted_during_an_api_outage_and_published_once_it_ends
                 assert up < WAIT_S
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_on_the_real_control_plane_pods_admitted_while_kube_apiserver_is_down_are_published_after() -> None:
+    """The same outage with the real kube-apiserver stopped (nothing listens; etcd keeps the
+    data) and kube-scheduler binding: pods bound before it are admitted during it, the agent
+    fails to publish them, and once kube-apiserver is back the state catches up exactly, the
+    extender's caches recover and its predictions match."""
+    real_binaries()
+    root = short_root("spoutr-")
+    try:
+        async with Sandbox(POLICY, 1, MACHINE, Workload(REPLICAS, ()), root, control_plane=demo.REAL) as box:
+            assert box.real is not None
+            await wait_stack_ready(box)
+            node = box.nodes[0]
+            # The kubelet's pod watch would admit the pods as soon as they are bound; the test
+            # admits them itself, once kube-apiserver is down.
+            await node.stop_watching_pods()
+            docs = [await scheduled_by_kube_scheduler(box, f"down-{i}", 1) for i in range(PER_OUTAGE)]
+            uids = {d["metadata"]["uid"] for d in docs}
+            failures = publish_failures(box)
+            await box.real.stop_apiserver()
+            for doc in docs:
+                assert await node.api.admit(doc) is None  # its status is written once the API is back
+            assert all(len(node.kubelet.admission(u).held(SHARED_RESOURCE)) == 1 for u in uids)
+            reply = await extender_post(box, "filter", {"Pod": docs[0], "NodeNames": [node.name], "Nodes": None})
+            assert reply.get("NodeNames") == [node.name] and not reply.get("Error"), reply
+
+            async def agent_failed_to_publish() -> bool:
+                return publish_failures(box) >= failures + FAILED_WRITES
+
+            await eventually(agent_failed_to_publish, "the agent to fail NodeGpuState writes")
+            await box.real.start_apiserver()
+            node.watch_pods()
+
+            async def caught_up() -> bool:
+                return uids <= pods_on((await node_states(box))[node.name])
+
+            await eventually(caught_up, "the NodeGpuState to list the pods admitted during the outage")
+            state = (await node_states(box))[node.name]
+            assert published_allocated(state) == kubelet_held(node)
+
+            # The stream goes on: kube-scheduler (maybe after taking its lease back) binds a new
+            # pod through the extender, whose caches recovered; the prediction is the placement.
+            doc = await scheduled_by_kube_scheduler(box, "after", REPLICAS)
+            predicted = scoring.score_node(state, podrequests.decode_pod_request(doc), POLICY)
+            uid = doc["metadata"]["uid"]
+
+            async def admitted() -> bool:
+                return any(a.pod.uid == uid for a in node.kubelet.admissions())
+
+            await eventually(admitted, "the kubelet to admit the pod bound after the outage", timeout=60)
+            assert Counter(predicted.placement[SHARED_RESOURCE]) == kubelet_gpus(node, uid)
+            match, mismatch = await wait_settled(box, PER_OUTAGE + 1)
+            assert (match, mismatch) == (PER_OUTAGE + 1, 0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def scheduled_by_kube_scheduler(box: Sandbox, name: str, replicas: int) -> dict[str, Any]:
+    core: Any = kubernetes.client.CoreV1Api(box.api)
+    await asyncio.to_thread(core.create_namespaced_pod, demo.NAMESPACE, pod_body(name, replicas))
+    decision = await box.schedule(name)
+    assert decision.node == box.nodes[0].name, decision
+    return await read_pod(box, name)

@@ -24,6 +24,7 @@ from sharepack.agent import configwatching
 from sharepack.extender import authorizing
 from sharepack.extender.__main__ import tls_context
 from tests.security.stack import SERVED, tls_exchange, tls_server
+from tests.conftest import kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -163,10 +164,9 @@ def test_by_default_no_one_reaches_the_verbs_and_only_metrics_ports_are_open() -
     assert [p["port"] for r in agent["spec"]["ingress"] for p in r["ports"]] == [9400]
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed")
 def test_the_cidr_patch_opens_the_verbs_to_exactly_the_named_addresses() -> None:
     overlay = DEPLOY / "overlays" / "scheduler-cidrs"
-    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
     (patch,) = json.loads((overlay / "scheduler-cidrs.json").read_text())

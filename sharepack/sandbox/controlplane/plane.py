@@ -261,9 +261,18 @@ class RealControlPlane:
 
     async def restart_apiserver(self, downtime: float = 0.0) -> None:
         """Stop kube-apiserver and start it again on the same port; etcd keeps the data."""
-        if self.apiserver is not None:
-            await self.apiserver.stop()
+        await self.stop_apiserver()
         await asyncio.sleep(downtime)
+        await self.start_apiserver()
+
+    async def stop_apiserver(self) -> None:
+        """An outage: kube-apiserver stops (nothing listens on its port) until `start_apiserver`."""
+        apiserver, self.apiserver = self.apiserver, None
+        if apiserver is not None:
+            await apiserver.stop()
+
+    async def start_apiserver(self) -> None:
+        """kube-apiserver again on the same port, once ready; etcd kept the data."""
         await self._start_apiserver()
 
     async def stop(self) -> None:

@@ -11,19 +11,43 @@ bursts of up to 100 and deleted, and faults drawn from the seed:
     extender-kill     SIGKILL an extender replica, start it again on the same port
     apiserver-restart kube-apiserver stops and starts (etcd keeps the data); in-process: an outage
     xid               a critical XID on a GPU; the agent marks it unhealthy, then recovers it
-    config-change     the node's named config in the agent ConfigMap changes (applied live)
+    config-change     the named config every node uses changes in the agent ConfigMap (applied live)
     state-delete      a node's NodeGpuState deleted by hand
 
-Invariants, checked every CHECK_S:
-    double-held   no device is held by two pods (ground truth: the sandbox kubelets)
-    state         every NodeGpuState equals its node's ground truth within SETTLE_S of the last
-                  fault on that node (per physical GPU: replicas held and the pods holding them)
-    lost-pod      every pod is bound and running, or pending with the scheduler's reason
-    extender-5xx  no extender replica answers 5xx (its own request counter, by code)
-Predictions: the extenders' match/mismatch counters, over the intervals with no fault window
-open (a fault's window lasts until SETTLE_S after it ended).
+Every kind is injected, in a seeded order, at least `--min-per-kind` times: the soak runs past
+`--duration` until it has, and a kind never injected is a violation (`coverage`).
 
-The last line: `soak: S s, F faults, V invariant violations, predictions matched M/T (P %)`.
+A fault has a *scope*, what it can disturb: its node (agent-kill, kubelet-restart, xid,
+state-delete); the extender replica killed (its predictions, and the scheduling of pending pods);
+or the whole cluster (`*`: kube-apiserver, the ConfigMap every node's agent reads, and
+kube-scheduler restarting after it lost its lease in an outage). Its window lasts from its start
+until SETTLE_S after it ended; each check is muted only by the windows of the scopes it depends
+on, and always by the cluster's.
+
+Invariants, checked every CHECK_S:
+    double-held   no device is listed for two pods by a kubelet's PodResources API (read over
+                  gRPC, as the agent reads it), and every device a pod holds there was last
+                  handed out by the node's agent to that pod's container (its Allocate log on
+                  disk, which survives agent restarts)
+    state         every NodeGpuState equals what PodResources reports on its node (per physical
+                  GPU: replicas held and the pods holding them), at least once every SETTLE_S
+                  outside its node's fault windows
+    lost-pod      every pod is bound and running, refused at admission with a reason, or pending
+                  with the scheduler's reason, within POD_GRACE_S of its creation (or of the end
+                  of the last fault window of its node, or of the cluster while it is unbound)
+    extender-5xx  no extender replica answers 5xx (its own request counter, by code)
+After the churn and faults stop, a drain of at least DRAIN_S (longer than SETTLE_S) keeps
+checking, then every pod and every state is judged once more with no grace: the last fault's
+damage is judged too.
+
+Predictions, per pod: each extender replica logs the GPUs it predicts for a pod it counts
+(`extender.predictionlog`); the soak joins them with the GPUs the pod holds when PodResources
+first lists it. A prediction is judged unless a window of its node, of the replica that made it
+or of the cluster overlaps the time from the prediction to that first listing; matched when node
+and physical GPUs (with the number of replicas on each) are equal.
+
+The last line: `soak: S s, F faults, V invariant violations, predictions matched M/T (P %,
+95 % lower bound L %)`; L is the Wilson score interval's lower end.
 """
 
 from __future__ import annotations
@@ -32,26 +56,32 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import shutil
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
 import kubernetes
+import orjson
 import yaml
 
+from sharepack.agent import allocationlog
+from sharepack.agent.podresources import PodResourcesClient, PodResourcesError
+from sharepack.agent.running import ALLOCATIONS_KEPT
 from sharepack.common import devices
 from sharepack.common import state as gpustate
 from sharepack.common.config import NODE_CONFIG_LABEL
 from sharepack.common.errors import StateSchemaError
 from sharepack.common.policies import Policy
+from sharepack.extender import predictionlog
 from sharepack.sandbox.drivers import demo
 from sharepack.sandbox.controlplane import kubebuild
 from sharepack.sandbox.controlplane.plane import TRANSIENT_API_ERRORS
@@ -62,9 +92,13 @@ log = logging.getLogger("sharepack.sandbox.drivers.chaos")
 FAULTS = (
     "agent-kill", "kubelet-restart", "extender-kill", "apiserver-restart", "xid", "config-change", "state-delete",
 )  # fmt: skip
+CLUSTER = "*"  # the scope of a fault of the whole cluster
+CLUSTER_FAULTS = frozenset({"apiserver-restart", "config-change"})  # every node's agent feels these
 CHECK_S = 0.5
 SETTLE_S = 5.0  # a node's published state must match its kubelet this long after a fault
+DRAIN_S = SETTLE_S + 4 * CHECK_S  # after the last fault: longer than SETTLE_S, so its damage is judged
 POD_GRACE_S = 30.0  # a pod may be unbound and reasonless, or bound and not running, this long
+FAULT_GAP_S = (3.0, 7.0)  # the pause between two faults, drawn uniformly
 NAMESPACE = demo.NAMESPACE
 CONFIGMAP_NAMESPACE, CONFIGMAP = "sharepack-system", "sharepack-agent-config"
 CONFIG_NAME = "chaos"  # the named config the soak's nodes use, in the agent ConfigMap
@@ -72,6 +106,9 @@ SHAPES = (1, 1, 1, 2, 2, 4)  # replicas per pod, drawn uniformly
 XID = 48  # double-bit ECC: critical
 RECOVERY_S = 3  # --unhealthy-recovery-seconds for the soak's agents
 LEASE_TAKEOVER_S = 20.0  # kube-scheduler's default lease duration (15 s) and its retry period
+Z95 = 1.959964  # two-sided 95 %
+LIST_ERRORS: tuple[type[Exception], ...] = (*TRANSIENT_API_ERRORS, orjson.JSONDecodeError)
+INVARIANTS = ("double-held", "state", "lost-pod", "extender-5xx", "coverage")
 
 
 @dataclass(slots=True)
@@ -91,23 +128,37 @@ class Violation:
     detail: str
 
 
+def wilson_lower(successes: int, trials: int, z: float = Z95) -> float:
+    """The lower end of the Wilson score interval for a proportion (0 with no trials)."""
+    if trials <= 0:
+        return 0.0
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = p + z * z / (2 * trials)
+    spread = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    return max(0.0, (centre - spread) / denom)
+
+
 @dataclass(slots=True)
 class Report:
+    control_plane: str = ""
     seconds: float = 0.0
     faults: list[Fault] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     matched: int = 0
-    predicted: int = 0
+    predicted: int = 0  # judged predictions
+    unjudged: Counter[str] = field(default_factory=Counter)  # predictions left out, by why
     pods_created: int = 0
     pods_deleted: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # pods the kubelet refused, by reason
-    missed: list[str] = field(default_factory=list)  # the extenders' "prediction missed" lines
+    missed: list[str] = field(default_factory=list)  # the first judged predictions that missed
 
     def closing_line(self) -> str:
         share = 100.0 * self.matched / self.predicted if self.predicted else 100.0
+        lower = 100.0 * wilson_lower(self.matched, self.predicted)
         return (
             f"soak: {self.seconds:.0f} s, {len(self.faults)} faults, {len(self.violations)} invariant violations, "
-            f"predictions matched {self.matched}/{self.predicted} ({share:.1f} %)"
+            f"predictions matched {self.matched}/{self.predicted} ({share:.1f} %, 95 % lower bound {lower:.1f} %)"
         )
 
 
@@ -118,13 +169,18 @@ def chaos_config(replicas: int, pass_device_specs: bool) -> str:
     return str(yaml.safe_dump(doc))
 
 
-def truth(node: Any) -> dict[str, Counter[str]]:
-    """Per physical GPU of the shared resource: pod UID -> replicas, from the kubelet."""
-    held: dict[str, Counter[str]] = defaultdict(Counter)
-    for admission in node.kubelet.admissions():
-        for device in admission.held(SHARED_RESOURCE):
-            held[devices.physical_key(device)][admission.pod.uid] += 1
-    return held
+Held = dict[str, frozenset[str]]  # "namespace/name" -> device IDs of the shared resource
+
+
+def truth(held: Held, uids: dict[str, str]) -> dict[str, Counter[str]]:
+    """Per physical GPU: pod UID -> replicas, from PodResources (pods named by namespace/name,
+    mapped to the UIDs the API server gave them)."""
+    per_gpu: dict[str, Counter[str]] = {}
+    for pod, ids in held.items():
+        uid = uids.get(pod, pod)
+        for device in ids:
+            per_gpu.setdefault(devices.physical_key(device), Counter())[uid] += 1
+    return per_gpu
 
 
 def published(state: gpustate.NodeState) -> dict[str, tuple[int, frozenset[str]]]:
@@ -132,29 +188,158 @@ def published(state: gpustate.NodeState) -> dict[str, tuple[int, frozenset[str]]
     return {g.key: (g.allocated, frozenset(g.pods)) for g in res.gpus if g.allocated or g.pods} if res else {}
 
 
-def agrees(state: gpustate.NodeState, held: dict[str, Counter[str]]) -> bool:
-    expected = {key: (sum(pods.values()), frozenset(pods)) for key, pods in held.items() if pods}
+def agrees(state: gpustate.NodeState, per_gpu: dict[str, Counter[str]]) -> bool:
+    expected = {key: (sum(pods.values()), frozenset(pods)) for key, pods in per_gpu.items() if pods}
     return published(state) == expected
 
 
+@dataclass(slots=True)
+class Holding:
+    node: str
+    gpus: Counter[str]  # physical GPU key -> replicas
+    seen: float  # monotonic: when PodResources first listed the pod
+
+
+def replica_scope(index: int) -> str:
+    """The scope of extender replica `index`: the stem of its log file (sandbox.demo names them)."""
+    return "extender" if index == 0 else f"extender-{index}"
+
+
+class Windows:
+    """Fault windows per scope (a node's name, an extender replica's, or CLUSTER), in monotonic
+    seconds. Every query names the scopes that matter to it; CLUSTER always does."""
+
+    def __init__(self) -> None:
+        self._spans: dict[str, list[list[float]]] = {}  # scope -> [start, end]; end inf while open
+
+    def open(self, scope: str, at: float) -> list[float]:
+        span = [at, math.inf]
+        self._spans.setdefault(scope, []).append(span)
+        return span
+
+    def add(self, scope: str, start: float, end: float) -> None:
+        self._spans.setdefault(scope, []).append([start, end])
+
+    def _affecting(self, scopes: Iterable[str | None]) -> Iterator[list[float]]:
+        for scope in {CLUSTER, *scopes}:
+            if scope is not None:
+                yield from self._spans.get(scope, ())
+
+    def muted(self, scopes: Iterable[str | None], start: float, end: float) -> bool:
+        """Whether a window of `scopes` overlaps [start, end] (a window lasts SETTLE_S past its end)."""
+        return any(s <= end and e + SETTLE_S >= start for s, e in self._affecting(scopes))
+
+    def busy(self, scopes: Iterable[str | None], now: float) -> bool:
+        """Whether a fault of `scopes` is still being injected."""
+        return any(e == math.inf and s <= now for s, e in self._affecting(scopes))
+
+    def last_end(self, scopes: Iterable[str | None]) -> float:
+        """The end of the latest closed window of `scopes` (0 when none)."""
+        return max((e for _, e in self._affecting(scopes) if e != math.inf), default=0.0)
+
+
+class PredictionTail:
+    """Reads the extender replicas' logs as they grow and keeps every prediction of each pod
+    (a bind that failed is retried, maybe by the other replica, with a prediction of its own)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._offsets: dict[Path, int] = {}
+        self.made: dict[str, list[tuple[predictionlog.Prediction, str]]] = {}  # pod UID -> (prediction, log stem)
+
+    @property
+    def first(self) -> dict[str, predictionlog.Prediction]:
+        return {uid: min(made, key=lambda m: m[0].at)[0] for uid, made in self.made.items()}
+
+    def latest(self, uid: str, before: float) -> tuple[predictionlog.Prediction, str] | None:
+        """The last prediction of `uid` made before wall-clock time `before`, and its log's stem."""
+        made = [m for m in self.made.get(uid, ()) if m[0].at <= before]
+        return max(made, key=lambda m: m[0].at) if made else None
+
+    def read(self) -> None:
+        for path in sorted(self.root.glob("extender*.log")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            complete = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
+            self._offsets[path] = offset + complete
+            for line in chunk[:complete].decode(errors="replace").splitlines():
+                p = predictionlog.parse(line)
+                if p is not None:
+                    self.made.setdefault(p.uid, []).append((p, path.stem))
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the lost-pod check reads of a pod."""
+
+    name: str
+    node: str
+    phase: str
+    reason: str
+    message: str
+    scheduling_reason: str  # the scheduler's message on PodScheduled=False, if any
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> PodView:
+        status = doc.get("status") or {}
+        unscheduled = [
+            c.get("message") or "" for c in status.get("conditions") or []
+            if c.get("type") == "PodScheduled" and c.get("status") == "False"
+        ]  # fmt: skip
+        return cls(
+            str((doc.get("metadata") or {}).get("name", "")), str((doc.get("spec") or {}).get("nodeName") or ""),
+            str(status.get("phase") or ""), str(status.get("reason") or ""), str(status.get("message") or ""),
+            next((m for m in unscheduled if m), ""),
+        )  # fmt: skip
+
+    @property
+    def settled(self) -> bool:
+        """Bound and running, refused at admission with a reason, or pending with a reason."""
+        if self.node:
+            return self.phase == "Running" or (self.phase == "Failed" and bool(self.reason))
+        return bool(self.scheduling_reason)
+
+
+def crashed(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Raise what ended one of the soak's own loops (churn, faults, checks, scheduler): a soak
+    that stopped driving or checking must not report a clean run."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise RuntimeError(f"the soak's {task.get_name()} loop died") from task.exception()
+
+
 class Soak:
-    def __init__(self, box: Sandbox, rng: random.Random, duration: float, out: TextIO) -> None:
+    def __init__(self, box: Sandbox, rng: random.Random, duration: float, out: TextIO, *, min_per_kind: int = 1) -> None:
         self.box = box
         self.rng = rng
         self.duration = duration
+        self.min_per_kind = min_per_kind
         self.out = out
-        self.report = Report()
+        self.report = Report(control_plane=box.control_plane)
         self.core: Any = kubernetes.client.CoreV1Api(box.api)
         self.custom: Any = kubernetes.client.CustomObjectsApi(box.api)
         self.started = time.monotonic()
+        self.wall_offset = time.time() - time.monotonic()  # wall-clock minus monotonic
         self.stopping = False
         self.pods: dict[str, float] = {}  # name -> created at
-        self.last_fault: dict[str, float] = {}  # node (or "*": all nodes) -> end of its latest fault window
-        self.agreed: dict[str, float] = {}  # node -> last time its state matched its kubelet
-        self.open_faults = 0
+        self.uids: dict[str, str] = {}  # "namespace/name" -> UID, of every pod created
+        self.windows = Windows()
+        self.replica_scopes = [replica_scope(i) for i in range(len(box.replicas))]
+        self.agreed: dict[str, float] = {}  # node -> last time its state matched PodResources
+        self.held: dict[str, Held] = {}  # node -> the latest PodResources listing
+        self.holdings: dict[str, Holding] = {}  # pod UID -> where and what PodResources first listed
+        self.predictions = PredictionTail(box.root)
+        self.podresources = {n.name: PodResourcesClient(n.kubelet.pod_resources_socket, timeout=2.0) for n in box.nodes}
         self.counter = 0
         self.scheduler_restarts = 0
-        self.replica_counts: dict[tuple[int, int], tuple[int, int, int]] = {}  # (replica, pid) -> (match, miss, 5xx)
+        self.replica_errors: dict[tuple[int, int], int] = {}  # (replica, pid) -> 5xx answered
+        self.reported_state: set[str] = set()  # nodes in a reported episode: one violation each
+        self.reported_lost: set[str] = set()  # pods reported lost (or counted refused) once
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -171,16 +356,41 @@ class Soak:
         if self.box.real is None:
             tasks.append(asyncio.create_task(self.box.driver.run(period=0.2), name="chaos-scheduler"))
         try:
-            await asyncio.sleep(self.duration)
+            await asyncio.wait(tasks, timeout=self.duration, return_when=asyncio.FIRST_EXCEPTION)
+            while not self._covered() and not tasks[1].done():
+                crashed(tasks)
+                await asyncio.sleep(CHECK_S)  # every kind its turn: the table can then be judged
+            crashed(tasks)
             self.stopping = True
             await asyncio.gather(tasks[0], tasks[1])  # each ends at its next step
-            await asyncio.sleep(SETTLE_S + 2 * CHECK_S)  # the last checks see a settled cluster
+            await self._drain(tasks)
+            await self._final_checks()
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for client in self.podresources.values():
+                await client.close()
+        self._judge_predictions()
+        self._judge_coverage()
         self.report.seconds = time.monotonic() - self.started
         return self.report
+
+    def _covered(self) -> bool:
+        injected = Counter(f.kind for f in self.report.faults)
+        return all(injected[kind] >= self.min_per_kind for kind in FAULTS)
+
+    async def _drain(self, tasks: Sequence[asyncio.Task[None]]) -> None:
+        """At least DRAIN_S, then until every pod has settled (or its grace has run out)."""
+        began = time.monotonic()
+        while True:
+            await asyncio.sleep(CHECK_S)
+            crashed(tasks)
+            waited = time.monotonic() - began
+            if waited >= max(DRAIN_S, POD_GRACE_S + SETTLE_S):
+                return
+            if waited >= DRAIN_S and await self._all_settled():
+                return
 
     async def _churn(self) -> None:
         while not self.stopping:
@@ -208,8 +418,9 @@ class Soak:
             }]},
         }  # fmt: skip
         with contextlib.suppress(*TRANSIENT_API_ERRORS):  # an API outage: try later
-            await asyncio.to_thread(self.core.create_namespaced_pod, NAMESPACE, body)
+            pod = await asyncio.to_thread(self.core.create_namespaced_pod, NAMESPACE, body)
             self.pods[name] = time.monotonic()
+            self.uids[f"{NAMESPACE}/{name}"] = pod.metadata.uid
             self.report.pods_created += 1
 
     async def _delete(self, name: str) -> None:
@@ -228,25 +439,28 @@ class Soak:
     async def _faults(self) -> None:
         kinds: list[str] = []
         await self._pause(self.rng.uniform(2.0, 4.0))
-        while not self.stopping:
+        # Past the duration only until every kind had its turns (run() waits for that).
+        while not self.stopping and not (time.monotonic() - self.started >= self.duration and self._covered()):
             if not kinds:  # every kind once before any repeats, in a seeded order
                 kinds = list(FAULTS)
                 self.rng.shuffle(kinds)
             kind = kinds.pop()
             node = self.rng.choice(self.box.nodes)
             fault = Fault(kind, node.name, time.monotonic())
-            self.open_faults += 1
+            scope = CLUSTER if kind in CLUSTER_FAULTS else node.name
+            if kind == "extender-kill":  # the replica is drawn here: its window is its own
+                index = self.rng.randrange(len(self.box.replicas))
+                scope = replica_scope(index)
+                fault.target = f"extender-{index}"
+            window = self.windows.open(scope, fault.started)
             try:
                 await self._inject(fault, node)
             except Exception as e:  # noqa: BLE001 - a fault the stack did not survive is reported, not raised
                 fault.detail = f"{type(e).__name__}: {e}"
             finally:
-                fault.ended = time.monotonic()
-                self.open_faults -= 1
-                scope = "*" if kind in ("extender-kill", "apiserver-restart") else node.name
-                self.last_fault[scope] = fault.ended + SETTLE_S
+                fault.ended = window[1] = time.monotonic()
                 self.report.faults.append(fault)
-            await self._pause(self.rng.uniform(3.0, 7.0))
+            await self._pause(self.rng.uniform(*FAULT_GAP_S))
 
     async def _inject(self, fault: Fault, node: Any) -> None:
         kind = fault.kind
@@ -260,8 +474,7 @@ class Soak:
             await node.kubelet.wait_for_resource(SHARED_RESOURCE, timeout=30)
             fault.survived = True
         elif kind == "extender-kill":
-            index = self.rng.randrange(len(self.box.replicas))
-            fault.target = f"extender-{index}"
+            index = int(fault.target.rsplit("-", 1)[1])
             replica = self.box.replicas[index]
             await replica.process.kill()
             await asyncio.sleep(self.rng.uniform(0.5, 2.0))
@@ -298,11 +511,12 @@ class Soak:
             fault.survived = True
         elif kind == "config-change":
             flip = self.counter % 2 == 0
-            await self._write_config(chaos_config(self.box.workload.replicas, flip))
-            await asyncio.sleep(1.0)
-            await node.kubelet.wait_for_resource(SHARED_RESOURCE, timeout=30)
             fault.target = f"{CONFIGMAP}/{CONFIG_NAME}"
             fault.detail = f"passDeviceSpecs={flip}"
+            await self._write_config(chaos_config(self.box.workload.replicas, flip))
+            await asyncio.sleep(1.0)
+            for each in self.box.nodes:  # every node uses the named config
+                await each.kubelet.wait_for_resource(SHARED_RESOURCE, timeout=30)
             fault.survived = True
         elif kind == "state-delete":
             await asyncio.to_thread(
@@ -338,79 +552,143 @@ class Soak:
         log.warning("invariant %s violated: %s", invariant, detail)
 
     async def _check(self) -> None:
-        seen_lost: set[str] = set()
-        seen_state: set[str] = set()
-        last_scrape = time.monotonic()
         while True:
             await asyncio.sleep(CHECK_S)
-            now = time.monotonic()
-            real = self.box.real
-            if real is not None and real.scheduler_restarts > self.scheduler_restarts:
-                # kube-scheduler lost its lease in an API outage and restarts: until the old lease
-                # expires nothing schedules, as in a cluster. A fault of the whole cluster.
-                self.scheduler_restarts = real.scheduler_restarts
-                self.last_fault["*"] = now + LEASE_TAKEOVER_S + SETTLE_S
-            self._check_double_held()
-            await self._check_states(now, seen_state)
-            await self._check_pods(now, seen_lost)
-            quiet = self.open_faults == 0 and all(t <= last_scrape for t in self.last_fault.values())
-            await self._scrape(count_predictions=quiet)
-            last_scrape = now
+            await self._check_once(time.monotonic())
 
-    def _check_double_held(self) -> None:
+    async def _check_once(self, now: float, *, final: bool = False) -> None:
+        real = self.box.real
+        if real is not None and real.scheduler_restarts > self.scheduler_restarts:
+            # kube-scheduler lost its lease in an API outage and restarts: until the old lease
+            # expires nothing schedules, as in a cluster. A fault of the whole cluster.
+            self.scheduler_restarts = real.scheduler_restarts
+            self.windows.add(CLUSTER, now, now + LEASE_TAKEOVER_S)
+        await self._check_devices(now)
+        self.predictions.read()
+        await self._check_states(now, final=final)
+        await self._check_pods(now, final=final)
+        await self._scrape()
+
+    async def _check_devices(self, now: float) -> None:
+        """PodResources of every node (the latest listing kept for the other checks): no device
+        listed for two pods; and, from the agent's side, every device a pod holds was last
+        handed out (Allocate) together with devices of that pod only: an Allocate that gave one
+        of them to another container while the pod kept it is a device held twice."""
         for node in self.box.nodes:
+            listed_at = time.time()  # the agent's log uses wall-clock time
+            try:
+                listing = await self.podresources[node.name].list()
+            except PodResourcesError:
+                continue  # the kubelet restarting: its node is in a fault window
+            # Read after the listing, so every Allocate behind it is in the file. Per device: its
+            # latest Allocate from before the listing began, and those since (a pod admitted
+            # while the listing ran; a device released and handed out again meanwhile).
+            before: dict[str, frozenset[str]] = {}
+            since: dict[str, list[frozenset[str]]] = {}
+            for resource, allocated, at in self._allocation_log(node).load():
+                if resource != SHARED_RESOURCE:
+                    continue
+                for device in allocated:
+                    if at < listed_at:
+                        before[device] = frozenset(allocated)
+                    else:
+                        since.setdefault(device, []).append(frozenset(allocated))
+            held: Held = {}
             owners: dict[str, str] = {}
-            for admission in node.kubelet.admissions():
-                for device in admission.held(SHARED_RESOURCE):
-                    other = owners.setdefault(device, admission.pod.uid)
-                    if other != admission.pod.uid:
-                        self._violate("double-held", f"{node.name}: {device} held by pods {other} and {admission.pod.uid}")
+            for pod in listing:
+                key = f"{pod.namespace}/{pod.name}"
+                ids = pod.devices.get(SHARED_RESOURCE, frozenset())
+                if not ids:
+                    continue
+                held[key] = ids
+                for device in sorted(ids):
+                    other = owners.setdefault(device, key)
+                    if other != key:
+                        self._violate("double-held", f"{node.name}: PodResources lists {device} for pods {other} and {key}")
+                    given = before.get(device)
+                    if given is None and device not in since:
+                        self._violate("double-held", f"{node.name}: {key} holds {device}, which its agent never allocated")
+                    elif not any(g <= ids for g in ([given] if given else []) + since.get(device, [])):
+                        self._violate(
+                            "double-held", f"{node.name}: {key} holds {device}, which its agent last allocated "
+                            f"with {sorted(set().union(given or (), *since.get(device, [])) - ids)} (another container's)",
+                        )  # fmt: skip
+                uid = self.uids.get(key)
+                if uid is not None and uid not in self.holdings:
+                    self.holdings[uid] = Holding(node.name, Counter(devices.physical_key(d) for d in ids), now)
+            self.held[node.name] = held
 
-    async def _check_states(self, now: float, reported: set[str]) -> None:
+    @staticmethod
+    def _allocation_log(node: Any) -> allocationlog.AllocationLog:
+        return allocationlog.AllocationLog(allocationlog.path_beside(node.kubelet.device_plugin_dir), keep=ALLOCATIONS_KEPT)
+
+    async def _check_states(self, now: float, *, final: bool) -> None:
+        reported = self.reported_state
         for node in self.box.nodes:
             state = await self._state(node.name)
-            if state is not None and agrees(state, truth(node)):
+            per_gpu = truth(self.held.get(node.name, {}), self.uids)
+            if state is not None and agrees(state, per_gpu):
                 self.agreed[node.name] = now
                 reported.discard(node.name)
                 continue
-            since = max(self.agreed[node.name], self.last_fault.get(node.name, 0.0), self.last_fault.get("*", 0.0))
-            busy = self.open_faults > 0
-            if not busy and now - since > SETTLE_S and node.name not in reported:
-                reported.add(node.name)  # one violation per episode, not one per check
+            if node.name in reported or self.windows.busy([node.name], now):
+                continue  # one violation per episode, not one per check
+            since = max(self.agreed[node.name], self.windows.last_end([node.name]))
+            if final or now - since > SETTLE_S:
+                reported.add(node.name)
                 got = published(state) if state else "no state"
-                want = {k: dict(v) for k, v in truth(node).items() if v}
-                self._violate("state", f"{node.name}: published {got}, kubelet holds {want}")
+                want = {k: dict(v) for k, v in per_gpu.items() if v}
+                self._violate("state", f"{node.name}: published {got}, PodResources lists {want}")
 
-    async def _check_pods(self, now: float, reported: set[str]) -> None:
-        if self.open_faults > 0 or any(end > now for end in self.last_fault.values()):
-            return  # an API outage or a restarting agent: judged once it is over
+    async def _pod_list(self) -> list[PodView] | None:
+        """The namespace's pods, decoded with orjson rather than the client's models: the soak
+        lists every CHECK_S and must not take the CPU the stack under test needs."""
         try:
-            pods = (await asyncio.to_thread(self.core.list_namespaced_pod, NAMESPACE)).items
-        except TRANSIENT_API_ERRORS:
-            return
+            resp = await asyncio.to_thread(self.core.list_namespaced_pod, NAMESPACE, _preload_content=False)
+            items = orjson.loads(resp.data).get("items") or []
+        except LIST_ERRORS:
+            return None
+        return [PodView.of(doc) for doc in items]
+
+    async def _all_settled(self) -> bool:
+        pods = await self._pod_list()
+        return pods is not None and all(p.settled for p in pods if p.name in self.pods)
+
+    async def _check_pods(self, now: float, *, final: bool) -> None:
+        reported = self.reported_lost
+        pods = await self._pod_list()
+        if pods is None:
+            return  # an API outage: the next check judges
         for pod in pods:
-            name = pod.metadata.name
+            name = pod.name
             created = self.pods.get(name)
-            # A pod waits out a fault of the whole cluster (the scheduler away) on top of its grace.
-            if created is None or name in reported or now - max(created, self.last_fault.get("*", 0.0)) < POD_GRACE_S:
+            if created is None or name in reported:
                 continue
-            phase = pod.status.phase if pod.status else None
-            if pod.spec.node_name:
-                if phase == "Failed" and pod.status.reason:  # refused at admission: accounted for
-                    reported.add(name)
-                    self.report.rejected[f"{pod.status.reason}: {pod.status.message}"] += 1
-                elif phase != "Running":
-                    reported.add(name)
-                    self._violate("lost-pod", f"{name}: bound to {pod.spec.node_name} but {phase} after {POD_GRACE_S:.0f} s")
-                continue
-            reasons = [
-                c for c in (pod.status.conditions or []) if c.type == "PodScheduled" and c.status == "False" and c.message
-            ] if pod.status else []  # fmt: skip
-            if not reasons:
+            node = pod.node or None
+            phase = pod.phase
+            if node and phase == "Failed" and pod.reason:  # refused at admission: accounted for
                 reported.add(name)
+                self.report.rejected[f"{pod.reason}: {pod.message}"] += 1
+                continue
+            if pod.settled:
+                continue
+            # Bound: its node's faults excuse it; unbound: the scheduler's (an extender away).
+            scopes = [node] if node else self.replica_scopes
+            if not final and (
+                self.windows.busy(scopes, now) or now - max(created, self.windows.last_end(scopes)) < POD_GRACE_S
+            ):
+                continue  # its grace runs from its creation, or from the end of the last fault it waited out
+            reported.add(name)
+            if node:
+                self._violate("lost-pod", f"{name}: bound to {node} but {phase} after {POD_GRACE_S:.0f} s")
+            else:
                 self._violate("lost-pod", f"{name}: neither bound nor given a reason after {POD_GRACE_S:.0f} s")
 
-    async def _scrape(self, *, count_predictions: bool) -> None:
+    async def _final_checks(self) -> None:
+        """Everything once more, no grace: nothing is injected any more and the drain is over."""
+        await self._check_once(time.monotonic(), final=True)
+
+    async def _scrape(self) -> None:
         for index, replica in enumerate(self.box.replicas):
             pid = replica.process.proc.pid if replica.process.proc else 0
             try:
@@ -418,21 +696,50 @@ class Soak:
                     text = await resp.text()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 continue
-            match = miss = errors = 0
-            for line in text.splitlines():
-                if line.startswith('sharepack_extender_predictions_total{outcome="match"}'):
-                    match = int(float(line.rsplit(" ", 1)[1]))
-                elif line.startswith('sharepack_extender_predictions_total{outcome="mismatch"}'):
-                    miss = int(float(line.rsplit(" ", 1)[1]))
-                elif line.startswith("sharepack_extender_requests_total{") and 'code="5' in line:
-                    errors += int(float(line.rsplit(" ", 1)[1]))
-            before = self.replica_counts.get((index, pid), (0, 0, 0))
-            self.replica_counts[(index, pid)] = (match, miss, errors)
-            if errors > before[2]:
-                self._violate("extender-5xx", f"extender-{index} answered {errors - before[2]} requests with 5xx")
-            if count_predictions:
-                self.report.matched += match - before[0]
-                self.report.predicted += (match - before[0]) + (miss - before[1])
+            errors = sum(
+                int(float(line.rsplit(" ", 1)[1]))
+                for line in text.splitlines()
+                if line.startswith("sharepack_extender_requests_total{") and 'code="5' in line
+            )
+            before = self.replica_errors.get((index, pid), 0)
+            self.replica_errors[(index, pid)] = errors
+            if errors > before:
+                self._violate("extender-5xx", f"extender-{index} answered {errors - before} requests with 5xx")
+
+    # -- verdicts --------------------------------------------------------------------------
+
+    def _judge_predictions(self) -> None:
+        """Each pod PodResources listed is judged by the last prediction made before that
+        listing (the bind that succeeded: the agent follows its directions)."""
+        self.predictions.read()
+        for uid in sorted(self.predictions.made, key=lambda u: min(p.at for p, _ in self.predictions.made[u])):
+            holding = self.holdings.get(uid)
+            if holding is None:
+                self.report.unjudged["never listed by PodResources (deleted or refused first)"] += 1
+                continue
+            found = self.predictions.latest(uid, holding.seen + self.wall_offset)
+            if found is None:
+                self.report.unjudged["listed by PodResources before any prediction"] += 1
+                continue
+            p, source = found
+            if self.windows.muted([p.node, source], p.at - self.wall_offset, holding.seen):
+                self.report.unjudged["a window of its node, its replica or the cluster overlapped"] += 1
+                continue
+            predicted = Counter(p.gpus.get(SHARED_RESOURCE, ()))
+            self.report.predicted += 1
+            if holding.node == p.node and holding.gpus == predicted:
+                self.report.matched += 1
+            elif len(self.report.missed) < 20:
+                self.report.missed.append(
+                    f"pod {uid}: predicted {p.node} {dict(predicted)} by {source} "
+                    f"({len(self.predictions.made[uid])} prediction(s)), holds {holding.node} {dict(holding.gpus)}"
+                )
+
+    def _judge_coverage(self) -> None:
+        injected = Counter(f.kind for f in self.report.faults)
+        for kind in FAULTS:
+            if injected[kind] < self.min_per_kind:
+                self._violate("coverage", f"{kind} injected {injected[kind]} time(s), fewer than {self.min_per_kind}")
 
 
 def render(report: Report, out: TextIO) -> None:
@@ -448,14 +755,16 @@ def render(report: Report, out: TextIO) -> None:
     print(f"\npods created {report.pods_created}, deleted {report.pods_deleted}", file=out)
     for reason, n in report.rejected.most_common():
         print(f"  refused at admission (not lost: Failed with a reason) x{n}: {reason}", file=out)
-    for invariant in ("double-held", "state", "lost-pod", "extender-5xx"):
+    for invariant in INVARIANTS:
         print(f"invariant {invariant:<13} violations {by_kind[invariant]}", file=out)
     for violation in report.violations[:20]:
         print(f"  at {violation.at:6.1f} s {violation.invariant}: {violation.detail}", file=out)
-    if report.missed:
-        print(f"\nprediction misses logged by the extenders (all, faults included): {len(report.missed)}, the first:", file=out)
-        for line in report.missed[:5]:
-            print(f"  {line}", file=out)
+    unjudged = sum(report.unjudged.values())
+    print(f"\npredictions judged per pod {report.predicted}, left out {unjudged}", file=out)
+    for why, n in report.unjudged.most_common():
+        print(f"  left out x{n}: {why}", file=out)
+    for line in report.missed[:5]:
+        print(f"  missed: {line}", file=out)
     print(report.closing_line(), file=out)
 
 
@@ -482,21 +791,18 @@ async def soak(opts: argparse.Namespace, out: TextIO) -> Report:
         print(
             f"chaos: {opts.nodes} nodes ({opts.machine}, {gpus} GPUs x {workload.replicas} replicas), "
             f"{control_plane} control plane, {opts.extender_replicas} extender replica(s), seed {opts.seed}, "
-            f"{opts.duration:.0f} s",
+            f"{opts.duration:.0f} s, each fault kind at least {opts.min_per_kind} time(s)",
             file=out, flush=True,
         )  # fmt: skip
         async with box:
-            report = await Soak(box, rng, opts.duration, out).run()
-        report.missed = [
-            line.strip()
-            for log_file in sorted(root.glob("extender*.log"))
-            for line in log_file.read_text(errors="replace").splitlines()
-            if "prediction missed" in line
-        ]
+            report = await Soak(box, rng, opts.duration, out, min_per_kind=opts.min_per_kind).run()
         render(report, out)
         return report
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if opts.keep:
+            print(f"logs kept in {root}", file=out)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 async def _install_config(box: Sandbox, replicas: int) -> None:
@@ -519,6 +825,10 @@ async def _install_config(box: Sandbox, replicas: int) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="sharepack-chaos", description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of churn and faults (default 60)")
+    p.add_argument(
+        "--min-per-kind", type=int, default=1,
+        help="inject every fault kind at least this many times, running past --duration if need be (default 1)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=1, help="seeds the bursts, the faults and their targets (default 1)")
     p.add_argument("--nodes", type=int, default=3, help="simulated GPU nodes (default 3)")
     p.add_argument("--machine", default="dgx-a100", help="simulated machine (default dgx-a100: 8 GPUs)")
@@ -533,10 +843,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--control-plane", choices=("auto", *demo.CONTROL_PLANES), default="auto",
         help="auto (default): the real kube-apiserver and kube-scheduler when built, else in-process",
     )  # fmt: skip
+    p.add_argument("--keep", action="store_true", help="keep the soak's directory (every process's log) and print its path")
     p.add_argument("--verbose", action="store_true")
     opts = p.parse_args(argv)
     if opts.duration <= 0:
         p.error(f"--duration must be positive, got {opts.duration}")
+    if opts.min_per_kind < 1:
+        p.error(f"--min-per-kind must be at least 1, got {opts.min_per_kind}")
     if opts.nodes < 1:
         p.error(f"--nodes must be at least 1, got {opts.nodes}")
     if opts.extender_replicas < 1:

@@ -373,6 +373,14 @@ class Sandbox(Stack):
         gpus = tuple(g.key for g in res.gpus if pod.metadata.uid in g.pods) if res else ()
         return decision, gpus
 
+    async def schedule(self, name: str) -> Decision:
+        """Schedule pod `name` (created already): the scheduler driver's one pass on the
+        in-process control plane; on the real one, wait until kube-scheduler binds it or marks
+        it unschedulable."""
+        if self.real is None:
+            return await self.driver.schedule(NAMESPACE, name)
+        return await self._scheduled_by_kube_scheduler(kubernetes.client.CoreV1Api(self.api), name)
+
     async def _scheduled_by_kube_scheduler(self, core: Any, name: str) -> Decision:
         """Wait until kube-scheduler binds the pod, or marks it unschedulable."""
         key = f"{NAMESPACE}/{name}"

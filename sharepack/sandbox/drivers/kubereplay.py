@@ -166,8 +166,8 @@ async def replay_seed(
 
 def directed_counts(cluster: ScaleCluster) -> tuple[int, int]:
     """Containers the fleet gave their directed GPUs, and directions that did not fit, so far."""
-    nodes = cluster.fleet.nodes.values()
-    return sum(n.honoured for n in nodes), sum(n.fallbacks for n in nodes)
+    counted = cluster.fleet.directed
+    return counted.honoured, sum(counted.fallbacks.values())
 
 
 def predicted(

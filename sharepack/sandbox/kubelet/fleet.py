@@ -10,7 +10,12 @@ What a node's kubelet and agent would do, done centrally:
   devices as the kubelet's device manager gives them, asking the agent's own allocation code
   (`agent.responses.preferred_allocation`, i.e. `common.allocation` under the node's policy,
   over the resources `common.resources.build_resources` makes of the node's GPUs and config);
-  then it is marked Running, as its kubelet would. Init containers' device reuse is not
+  then it is marked Running, as its kubelet would. Directed GPUs (the extender's
+  `sharepack.io/gpus` annotation, ships on) are honoured as the agent honours them
+  (`agent.directing`): a container with directions for this node gets devices on exactly
+  those GPUs (`common.directions.choose_devices`) when they have enough free; otherwise, and
+  without usable directions, the node's policy answers (a fallback, counted by reason in
+  `Fleet.directed`). Init containers' device reuse is not
   modelled: every container takes new devices (the pods of the benchmark and the trace have one
   container; `sandbox.kubelet` is the faithful device manager).
 * **Publishing**: each node's `NodeGpuState` is built by `common.statebuilding.build_node_state`
@@ -35,8 +40,10 @@ from typing import Any
 import yaml
 
 from sharepack.agent import responses
+from sharepack.agent.directing import DirectedCounters, Fallback
 from sharepack.common import config as agentconfig
 from sharepack.common import directions, podrequests, statebuilding
+from sharepack.common.directions import Directions
 from sharepack.common import state as gpustate
 from sharepack.common.errors import AllocationError, DirectionsError, RequestError
 from sharepack.common.inventory import Gpu, Inventory
@@ -109,15 +116,6 @@ def inventory(shape: NodeShape) -> Inventory:
     )
 
 
-def pod_directions(pod: Any, node: str) -> directions.Directions | None:
-    """The pod's `sharepack.io/gpus` directions when they are for `node`; None without usable ones."""
-    try:
-        return directions.of_pod(pod, node)
-    except DirectionsError as e:
-        log.info("%s: the node's policy chooses", e)
-        return None
-
-
 class AdmissionFailed(Exception):
     pass
 
@@ -133,22 +131,22 @@ class NodeDevices:
         self.pods: dict[str, PodDevices] = {}  # uid -> devices
         self._names: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
         self._in_use: dict[str, set[str]] = {r.name: set() for r in self.resources}
-        self.honoured = 0  # containers given the GPUs their directions name
-        self.fallbacks = 0  # directions that did not fit: the policy chose
 
     def capacity(self) -> dict[str, str]:
         out = {"cpu": f"{self.shape.cpu_milli}m", "memory": f"{self.shape.memory_mib}Mi", "pods": str(self.shape.max_pods)}
         out.update({r.name: str(len(r.devices)) for r in self.resources})
         return out
 
-    def admit(self, request: podrequests.PodRequest, directed: directions.Directions | None = None) -> PodDevices:
+    def admit(
+        self, request: podrequests.PodRequest, directed: Directions | None = None,
+        counters: DirectedCounters | None = None, why_not: Fallback = Fallback.NO_DIRECTIONS,
+    ) -> PodDevices:  # fmt: skip
         """Devices for every container (kubelet order), or AdmissionFailed saying why.
-
-        `directed`: the pod's `sharepack.io/gpus` directions for this node; a container they
-        name gets its devices on those GPUs (`common.directions.choose_devices`, as the agent's
-        Director answers), the others, and directions that do not fit, the node's policy."""
+        `directed`: the pod's directions for this node (honoured where they fit, as the agent
+        does); `counters`: where honoured and fallen-back directed allocations are counted, per
+        container and resource; `why_not`: the fallback when a container has no directions."""
         chosen: dict[str, list[str]] = {}
-        steer = {c.name: c.gpus for c in directed.containers} if directed is not None else {}
+        wanted = {c.name: c.gpus for c in directed.containers} if directed is not None else {}
         for container in request.containers:
             for name, size in container.amounts:
                 res = self._by_name.get(name)
@@ -156,17 +154,18 @@ class NodeDevices:
                     raise AdmissionFailed(f"node {self.shape.name} has no {name}")
                 taken = chosen.setdefault(name, [])
                 available = sorted(set(res.device_ids()) - self._in_use[name] - set(taken))
-                keys = steer.get(container.name, {}).get(name)
+                keys = wanted.get(container.name, {}).get(name)
                 if keys:
-                    group_of = {d.id: d.physical_key for d in res.devices}
-                    answer = directions.choose_devices(keys, available, [], size, group_of)
-                    if isinstance(answer, list):
-                        self.honoured += 1
-                        taken.extend(answer)
+                    steered = directions.choose_devices(keys, available, [], size, res.group_of())
+                    if not isinstance(steered, str):
+                        if counters is not None:
+                            counters.honoured += 1
+                        taken.extend(steered)
                         continue
-                    self.fallbacks += 1
-                    log.info("node %s: directions of pod %s do not fit (%s): its policy chooses",
-                             self.shape.name, request.name, answer)  # fmt: skip
+                    if counters is not None:
+                        counters.fallback(Fallback.UNAVAILABLE)
+                elif counters is not None:
+                    counters.fallback(why_not)
                 try:
                     picked = responses.preferred_allocation(res, self.policy, {}, available, [], size)
                 except AllocationError as e:
@@ -229,6 +228,7 @@ class Fleet:
         self._written: dict[str, tuple[NodeState, float]] = {}  # node -> last state, when
         self._handled: dict[str, str] = {}  # pod uid -> node (admitted or rejected)
         self.rejected: dict[str, str] = {}  # pod uid -> why
+        self.directed = DirectedCounters()  # directed allocations honoured, fallbacks by reason
         self.writes = 0
         self.idle = asyncio.Event()  # set when no pod-driven write is left
         self.idle.set()
@@ -332,7 +332,10 @@ class Fleet:
         self._handled[uid] = node_name
         try:
             request = podrequests.decode_pod_request(pod)
-            node.admit(request, pod_directions(pod, node_name))
+            directed, why_not = self._directions(pod, node_name)
+            if directed is not None and directions.mismatch(directed, request) is not None:
+                directed, why_not = None, Fallback.MISMATCHED  # as the agent: not the extender's
+            node.admit(request, directed, self.directed, why_not)
         except (AdmissionFailed, RequestError) as e:
             self.rejected[uid] = str(e)
             log.warning("node %s rejects pod %s/%s: %s", node_name, meta.get("namespace"), meta.get("name"), e)
@@ -342,6 +345,22 @@ class Fleet:
                 self._running[uid] = pod
             self._mark(node_name)
         self._wake.set()
+
+    @staticmethod
+    def _directions(pod: Mapping[str, Any], node_name: str) -> tuple[Directions | None, Fallback]:
+        """The pod's directions for `node_name`, or None and why there are none to use."""
+        meta = pod.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(directions.ANNOTATION)
+        if text is None:
+            return None, Fallback.NO_DIRECTIONS
+        try:
+            found = directions.decode(str(text), where=f"pod {meta.get('namespace')}/{meta.get('name')}")
+        except DirectionsError as e:
+            log.warning("%s", e)
+            return None, Fallback.MALFORMED
+        if found.node != node_name:
+            return None, Fallback.OTHER_NODE
+        return found, Fallback.NO_DIRECTIONS
 
     def _mark(self, name: str) -> None:
         self._dirty.add(name)

@@ -188,6 +188,14 @@ class SimulatedNode:
         if self._loop is None:
             self._loop = asyncio.create_task(self.api.run(), name=f"kubelet-api-{self.name}")
 
+    async def stop_watching_pods(self) -> None:
+        """Stop admitting pods from the pod watch (and renewing the lease) until `watch_pods()`:
+        a test then admits by hand (`api.admit`), at the moment it chooses."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+
     async def _wait_serving(self, agent: LoggedProcess, resources: Sequence[str]) -> None:
         """Until the kubelet has every resource, failing at once when the agent exits (a bad
         --machine) rather than after the whole timeout."""
@@ -248,10 +256,7 @@ class SimulatedNode:
         await self._wait_serving(new, resources)
 
     async def stop(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.cancel()
-            await asyncio.gather(loop, return_exceptions=True)
+        await self.stop_watching_pods()
         agent, self._agent = self._agent, None
         if agent is not None:
             await agent.stop()
