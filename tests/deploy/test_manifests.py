@@ -113,15 +113,13 @@ def test_manifest_flags_exist_in_the_cli(flag_source: str) -> None:
         assert flag in flags, f"{kind} {name} passes {flag}, which the CLI lacks"
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
 def test_the_dra_agent_passes_only_flags_the_cli_has_and_runs_in_dra_mode() -> None:
-    assert KUBECTL is not None
-    built = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / "dra")], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([kubectl(), "kustomize", str(DEPLOY / "dra")], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     (daemonset,) = [d for d in yaml.safe_load_all(built.stdout) if d and d["kind"] == "DaemonSet"]
     args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--mode=dra" in args
-    flags = _flags(_help("agent"))
+    flags = _flags(_help("sharepack.agent"))
     for arg in args:
         assert arg.split("=", 1)[0] in flags, f"deploy/dra passes {arg}, which the CLI lacks"
 
@@ -288,7 +286,6 @@ def test_admission_policies_and_rbac_name_the_service_accounts_that_exist() -> N
                 assert (subject["namespace"], subject["name"]) in accounts
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) is not installed")
 def test_an_overlay_that_moves_and_renames_the_accounts_moves_the_policies_parameters(tmp_path: Path) -> None:
     """Issue 24.3: the agent's policy named `sharepack-system:sharepack-agent` literally, so an
     overlay with `namespace: gpu-system` left it matching no one. Now each binding's parameter is
@@ -299,7 +296,7 @@ def test_an_overlay_that_moves_and_renames_the_accounts_moves_the_policies_param
     (overlay / "kustomization.yaml").write_text(
         yaml.safe_dump({"namespace": "gpu-system", "namePrefix": "gpu-", "resources": [base]})
     )
-    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
     parameters = _policy_parameters(docs, prefix="gpu-")
