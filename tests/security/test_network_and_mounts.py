@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from sharepack.sandbox.kubelet.podresources import PodResourcesServer
+from tests.conftest import kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-KUBECTL = shutil.which("kubectl")
 DNS_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}  # fmt: skip
 DNS_PORTS = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
@@ -38,7 +38,7 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 
 def kustomize(target: str) -> list[dict[str, Any]]:
-    built = subprocess.run([str(KUBECTL), "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([kubectl(), "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     return [d for d in yaml.safe_load_all(built.stdout) if d]
 
@@ -138,7 +138,6 @@ def test_both_pods_connect_out_to_dns_and_the_api_servers_ports_only(name: str) 
     egress_to_dns_and_api_server_only(policy(documents(DEPLOY / "base" / "networkpolicies.yaml"), name), None)
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
 @pytest.mark.parametrize("name", ["sharepack-agent", "sharepack-extender"])
 def test_the_apiserver_overlay_narrows_egress_to_the_named_addresses(name: str) -> None:
     overlay = DEPLOY / "overlays" / "apiserver-cidrs"
@@ -157,7 +156,6 @@ def test_the_extenders_metrics_port_admits_the_monitoring_namespace_only() -> No
     assert metrics["from"] == MONITORING
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
 def test_the_metrics_namespace_overlay_names_another_namespace() -> None:
     spec = policy(kustomize("overlays/metrics-namespace"), "sharepack-extender")
     assert spec["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
