@@ -252,11 +252,12 @@ def _accounts(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs if d["kind"] == "ServiceAccount"}
 
 
-POLICY_ACCOUNTS = {  # each admission policy's binding: the account its parameter must be
+BASE_POLICY_ACCOUNTS = {  # each admission policy's binding: the account its parameter must be
     "sharepack-agent-own-node": "sharepack-agent",
     "sharepack-extender-pod-writes": "sharepack-extender",
     "sharepack-gpu-directions": "sharepack-extender",
 }
+POLICY_ACCOUNTS = {**BASE_POLICY_ACCOUNTS, "sharepack-agent-own-resourceslices": "sharepack-agent"}  # + deploy/dra
 
 
 def _policy_parameters(docs: list[dict[str, Any]], prefix: str = "") -> dict[str, tuple[str, str]]:
@@ -286,13 +287,14 @@ def test_admission_policies_and_rbac_name_the_service_accounts_that_exist() -> N
                 assert (subject["namespace"], subject["name"]) in accounts
 
 
-def test_an_overlay_that_moves_and_renames_the_accounts_moves_the_policies_parameters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["base", "dra"])
+def test_an_overlay_that_moves_and_renames_the_accounts_moves_the_policies_parameters(tmp_path: Path, target: str) -> None:
     """Issue 24.3: the agent's policy named `sharepack-system:sharepack-agent` literally, so an
     overlay with `namespace: gpu-system` left it matching no one. Now each binding's parameter is
     the account itself, and deploy/base/kustomizeconfig.yaml has kustomize move it along."""
     overlay = tmp_path / "overlay"
     overlay.mkdir()
-    base = os.path.relpath(DEPLOY / "base", overlay)  # kustomize takes no absolute base
+    base = os.path.relpath(DEPLOY / target, overlay)  # kustomize takes no absolute base
     (overlay / "kustomization.yaml").write_text(
         yaml.safe_dump({"namespace": "gpu-system", "namePrefix": "gpu-", "resources": [base]})
     )
@@ -300,9 +302,8 @@ def test_an_overlay_that_moves_and_renames_the_accounts_moves_the_policies_param
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
     parameters = _policy_parameters(docs, prefix="gpu-")
-    assert parameters == {
-        policy: ("gpu-system", f"gpu-{account}") for policy, account in POLICY_ACCOUNTS.items()
-    }
+    expected = POLICY_ACCOUNTS if target == "dra" else BASE_POLICY_ACCOUNTS
+    assert parameters == {policy: ("gpu-system", f"gpu-{account}") for policy, account in expected.items()}
     assert set(parameters.values()) <= _accounts(docs)
 
 
