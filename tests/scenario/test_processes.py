@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 
 
 async def test_a_child_that_cannot_start_closes_its_log(tmp_path: Path) -> None:

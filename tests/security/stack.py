@@ -30,7 +30,7 @@ from sharepack.sandbox.apiserver import resources as kinds
 from sharepack.sandbox.apiserver.server import FakeApiServer
 from sharepack.sandbox.controlplane.certificates import TlsFiles, write_tls_files
 from sharepack.sandbox.controlplane.plane import free_port
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 
 SHARED = "nvidia.com/gpu.shared"
 WAIT_S = 30.0  # generous: a deadline only bounds a failure

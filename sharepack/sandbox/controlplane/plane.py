@@ -36,7 +36,7 @@ import yaml
 
 from sharepack.sandbox.controlplane import kubebuild, pki
 from sharepack.sandbox.controlplane.kubebuild import Binaries, ControlPlaneUnavailable
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from sharepack.sandbox.apiserver.server import FakeApiServer
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sharepack.sandbox.controlplane.identities import Identities
 from sharepack.sandbox.kubelet.nodes import NodeSpec, NodeStartError, SimulatedNode
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 from sharepack.sandbox.drivers.stacks import Stack
 from sharepack.sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 from sharepack.sandbox.tcpproxy import RoundRobinProxy

@@ -24,7 +24,7 @@ from sharepack.sandbox.controlplane import kubebuild
 from sharepack.sandbox.kubelet.devicemanager import FakeKubelet
 from sharepack.sandbox.kubelet.api import KubeletApi
 from sharepack.sandbox.kubelet.pods import ContainerSpec, PodSpec
-from sharepack.sandbox.controlplane.processes import LoggedProcess
+from sharepack.sandbox.processes import LoggedProcess
 
 log = logging.getLogger(__name__)
 
