@@ -5,18 +5,24 @@
 The real control plane (etcd, kube-apiserver, deploy/base applied), N simulated GPU nodes
 (`sandbox.fleet`: 8 GPUs x 10 time-slicing replicas each, agents' allocation `packed`, states
 published as the agent publishes them, pods marked Running), the real extender as a process.
-Then, in the same run, two phases on the same empty cluster:
+Then, in the same run, phases on the same empty cluster, alternating `--pairs` times (with,
+without, with, without, ...), so that load from elsewhere on the machine hits both alike:
 
 * **with**: kube-scheduler configured by deploy/scheduler/kube-scheduler-config.yaml as shipped
-  (the extender's filter, prioritize and bind; `percentageOfNodesToScore: 100`);
+  (the extender's filter, prioritize and bind; `percentageOfNodesToScore: 100`; mutual TLS with
+  kube-scheduler's client certificate, only the URL and certificate paths filled in), the
+  extender with its shipped flags (directed GPUs on);
 * **without**: the same file without its `extenders` stanza (the default plugins only).
+
+`--insecure-http` serves the extender over plain HTTP instead (for comparison only).
 
 In both, kube-scheduler's client rate limit is raised to 5,000 QPS as scheduler_perf raises it
 (`--client-qps`; as shipped it is 50 QPS, which caps binds and their events without the extender
 but not the binds the extender makes with its own client).
 
-Each phase creates P GPU pods whose shapes (GPUs, share, CPU, memory) are drawn with a fixed
-seed from the default Alibaba trace's GPU pods, as fast as the API server takes them, and
+Each phase creates P pods whose shapes (GPUs, share, CPU, memory) are drawn with a fixed seed
+from the default Alibaba trace's pods, CPU-only pods included (13 % of the trace; they reach
+the extender only if its managedResources say so), as fast as the API server takes them, and
 measures as Kubernetes' scheduler_perf does: pods bound per second from the first create to
 the last bind (each bind timed when its watch event arrives). Also reported: the CPU seconds of
 the extender and of kube-scheduler in the phase (/proc/<pid>/stat); the extender's latency as
@@ -25,10 +31,15 @@ extender's filter and prioritize calls, with against without) and as its own his
 (`sharepack_extender_request_duration_seconds`, per verb). After a phase every pod is deleted
 and the fleet and the extender are waited on until they count none.
 
+Per pair, the ratio is with / without; the figures reported are medians over the pairs. Also
+per phase: the extender's CPU-ms per pod created and kube-scheduler's algorithm-duration mean.
+
 `--extender-profile FILE` runs the extender under cProfile (slower: for where the time goes,
 not for the ratio). The last line is always
 
     scheduler throughput at N nodes: with extender X pods/s, without Y pods/s, ratio R
+
+(X and Y the median rates, R the median of the pairs' ratios).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import json
 import logging
 import math
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -57,18 +69,17 @@ from sharepack.tracesim import traces
 RESOURCE = "nvidia.com/gpu.shared"
 SEED = 7
 TIMEOUT_S = 1800.0
-PHASES = (("with", True), ("without", False))
+PHASES = (("with", True), ("without", False))  # one pair, in this order
 CLIENT_QPS = 5000  # kube-scheduler's API rate limit in both phases, as scheduler_perf sets it
 
 
 def pod_mix(count: int, replicas: int, seed: int = SEED, prefix: str = "pod") -> list[dict[str, Any]]:
-    """`count` pods shaped like GPU pods of the default trace (GPUs x replicas of the share,
-    CPU, memory), drawn with replacement."""
+    """`count` pods shaped like the default trace's pods (GPUs x replicas of the share, CPU,
+    memory; CPU-only pods too), drawn with replacement."""
     pods = traces.load_pods()
-    gpu = np.flatnonzero(pods.num_gpu > 0)
     rng = np.random.default_rng(seed)
     out = []
-    for i, k in enumerate(rng.choice(gpu, size=count)):
+    for i, k in enumerate(rng.choice(len(pods.num_gpu), size=count)):
         share = math.ceil(int(pods.milli[k]) * replicas / traces.MILLI)
         out.append(
             gpu_pod(
@@ -88,6 +99,7 @@ async def phase(
     cluster.say(f"[{name}] kube-scheduler leads; creating {len(pods)} pods")
     extender_before = await cluster.extender_metrics()
     cpu_before = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
+    restarts = cluster.control.scheduler_restarts if cluster.control is not None else 0
     names = [p["metadata"]["name"] for p in pods]
     started = time.monotonic()
     await cluster.create_pods(pods)
@@ -96,19 +108,32 @@ async def phase(
     bound = [o for o in outcomes if o.node]
     last = max((o.bound_at for o in bound), default=started)
     elapsed = last - started
+    # kube-scheduler exits when it cannot renew its lease in time (an overloaded API server)
+    # and is started again: its CPU is then counted from the new process's start.
+    scheduler = cluster.control.scheduler if cluster.control is not None else None
+    if scheduler is not None and scheduler.proc is not None and scheduler.proc.pid != scheduler_pid:
+        scheduler_pid, cpu_before = scheduler.proc.pid, (cpu_before[0], 0.0)
     cpu_after = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
+    restarts = (cluster.control.scheduler_restarts if cluster.control is not None else 0) - restarts
     sched = await cluster.scheduler_metrics()
     extender_after = await cluster.extender_metrics()
     await cluster.stop_scheduler()
+    handshakes = extender_after.get("sharepack_extender_tls_handshakes", 0.0) - extender_before.get(
+        "sharepack_extender_tls_handshakes", 0.0
+    )
     result: dict[str, Any] = {
         "pods": len(pods),
+        "gpu_pods": sum(1 for p in pods if "limits" in p["spec"]["containers"][0]["resources"]),
         "bound": len(bound),
         "unschedulable": len(outcomes) - len(bound),
         "create_s": round(created, 3),
         "first_create_to_last_bind_s": round(elapsed, 3),
         "pods_per_s": round(len(bound) / elapsed, 2) if elapsed > 0 else 0.0,
         "extender_cpu_s": round(cpu_after[0] - cpu_before[0], 2),
+        "extender_cpu_ms_per_pod": round((cpu_after[0] - cpu_before[0]) * 1000 / len(pods), 2),
         "scheduler_cpu_s": round(cpu_after[1] - cpu_before[1], 2),
+        "tls_handshakes": int(handshakes),
+        "scheduler_restarts": restarts,
     }
     algorithm = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
     attempt = histogram(sched, "scheduler_scheduling_attempt_duration_seconds", {"result": "scheduled"})
@@ -130,40 +155,73 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="sp-bench-", dir="/tmp"))
     async with ScaleCluster(
         shapes, workdir, replicas=args.replicas, agent_policy=Policy(args.policy), node_policy=args.node_policy,
-        profile_to=args.extender_profile, extender_args=args.extender_arg,
+        profile_to=args.extender_profile, extender_args=args.extender_arg, tls=not args.insecure_http,
     ) as cluster:  # fmt: skip
-        results: dict[str, Any] = {"nodes": args.nodes, "extender_args": args.extender_arg, "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}}
-        for name, with_extender in PHASES:
-            pods = pod_mix(args.pods, args.replicas, prefix=name)
-            results[name] = await phase(cluster, name, with_extender, pods, args.client_qps)
+        results: dict[str, Any] = {
+            "nodes": args.nodes, "extender_args": args.extender_arg, "tls": not args.insecure_http,
+            "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}, "pairs": [],
+        }  # fmt: skip
+        for i in range(args.pairs):
+            pair: dict[str, Any] = {}
+            for name, with_extender in PHASES:
+                pods = pod_mix(args.pods, args.replicas, prefix=f"{name}-{i}")
+                pair[name] = await phase(cluster, f"{name} {i + 1}/{args.pairs}", with_extender, pods, args.client_qps)
+            results["pairs"].append(pair)
+            if args.out:  # each pair as it completes: a run cut short keeps what it measured
+                args.out.write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def report(results: dict[str, Any]) -> str:
-    lines = [f"nodes {results['nodes']}; setup " + ", ".join(f"{k} {v} s" for k, v in results["setup_s"].items())]
+    transport = "mutual TLS" if results["tls"] else "plain HTTP (--insecure-http)"
+    lines = [f"nodes {results['nodes']}, extender over {transport}; setup " + ", ".join(f"{k} {v} s" for k, v in results["setup_s"].items())]
+    ratios = []
+    for i, pair in enumerate(results["pairs"]):
+        for name, _ in PHASES:
+            r = pair[name]
+            lines.append(
+                f"pair {i + 1} {name:>7} extender: {r['bound']}/{r['pods']} bound ({r['gpu_pods']} GPU pods, "
+                f"{r['unschedulable']} unschedulable), created in {r['create_s']} s, first create to last bind "
+                f"{r['first_create_to_last_bind_s']} s: {r['pods_per_s']} pods/s; CPU s: kube-scheduler "
+                f"{r['scheduler_cpu_s']}, extender {r['extender_cpu_s']} ({r['extender_cpu_ms_per_pod']} ms per pod)"
+                + (f"; kube-scheduler restarted {r['scheduler_restarts']} time(s)" if r["scheduler_restarts"] else "")
+            )
+            lines.append(f"          kube-scheduler algorithm (filter+score, extender calls included): {r['scheduler_algorithm']}")
+            lines.append(f"          kube-scheduler attempt (scheduled): {r['scheduler_attempt']}")
+            if name == "with":
+                for verb in ("filter", "prioritize", "bind"):
+                    lines.append(f"          extender {verb} (its histogram): {r[f'extender_{verb}']}")
+                lines.append(f"          TLS handshakes on the extender: {r['tls_handshakes']}")
+        w, wo = pair["with"], pair["without"]
+        ratios.append(w["pods_per_s"] / wo["pods_per_s"] if wo["pods_per_s"] else 0.0)
+        lines.append(f"pair {i + 1}: ratio {ratios[-1]:.2f}")
+    medians: dict[str, dict[str, float]] = {}
     for name, _ in PHASES:
-        r = results[name]
+        runs = [pair[name] for pair in results["pairs"]]
+        medians[name] = {
+            key: _median([r[key] for r in runs if r[key] is not None])
+            for key in ("pods_per_s", "extender_cpu_ms_per_pod", "scheduler_algorithm_mean_ms", "scheduler_cpu_s")
+        }
+        m = medians[name]
         lines.append(
-            f"{name:>7} extender: {r['bound']}/{r['pods']} bound ({r['unschedulable']} unschedulable), "
-            f"created in {r['create_s']} s, first create to last bind {r['first_create_to_last_bind_s']} s: "
-            f"{r['pods_per_s']} pods/s; CPU s: kube-scheduler {r['scheduler_cpu_s']}, extender {r['extender_cpu_s']}"
+            f"median {name:>7} extender: {m['pods_per_s']:.1f} pods/s; extender CPU {m['extender_cpu_ms_per_pod']:.2f} ms "
+            f"per pod; kube-scheduler algorithm mean {m['scheduler_algorithm_mean_ms']:.2f} ms, CPU {m['scheduler_cpu_s']:.2f} s"
         )
-        lines.append(f"          kube-scheduler algorithm (filter+score, extender calls included): {r['scheduler_algorithm']}")
-        lines.append(f"          kube-scheduler attempt (scheduled): {r['scheduler_attempt']}")
-        if name == "with":
-            for verb in ("filter", "prioritize", "bind"):
-                lines.append(f"          extender {verb} (its histogram): {r[f'extender_{verb}']}")
-    w, wo = results["with"], results["without"]
-    if w["scheduler_algorithm_mean_ms"] is not None and wo["scheduler_algorithm_mean_ms"] is not None:
-        lines.append(
-            "extender latency as kube-scheduler sees it (algorithm mean, with - without): "
-            f"{w['scheduler_algorithm_mean_ms'] - wo['scheduler_algorithm_mean_ms']:.2f} ms per pod"
-        )
-    ratio = w["pods_per_s"] / wo["pods_per_s"] if wo["pods_per_s"] else 0.0
-    results["ratio"] = round(ratio, 3)
+    results["medians"] = medians
+    w_alg, wo_alg = medians["with"]["scheduler_algorithm_mean_ms"], medians["without"]["scheduler_algorithm_mean_ms"]
     lines.append(
-        f"scheduler throughput at {results['nodes']} nodes: with extender {w['pods_per_s']:.1f} pods/s, "
-        f"without {wo['pods_per_s']:.1f} pods/s, ratio {ratio:.2f}"
+        f"extender latency as kube-scheduler sees it (median algorithm mean, with - without): {w_alg - wo_alg:.2f} ms per pod"
+    )
+    ratio = _median(ratios)
+    results["ratio"] = round(ratio, 3)
+    results["ratios"] = [round(r, 3) for r in ratios]
+    lines.append(
+        f"scheduler throughput at {results['nodes']} nodes: with extender {medians['with']['pods_per_s']:.1f} pods/s, "
+        f"without {medians['without']['pods_per_s']:.1f} pods/s, ratio {ratio:.2f}"
     )
     return "\n".join(lines)
 
@@ -181,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--nodes", type=int, default=200)
     p.add_argument("--pods", type=int, default=200)
+    p.add_argument("--pairs", type=int, default=3, help="alternating (with, without) pairs (default 3)")
+    p.add_argument("--insecure-http", action="store_true",
+                   help="serve the extender over plain HTTP, not mutual TLS as shipped (for comparison)")
     p.add_argument("--replicas", type=int, default=10, help="time-slicing replicas per GPU (default 10)")
     p.add_argument("--policy", default="packed", help="the agents' allocation policy (default packed)")
     p.add_argument("--node-policy", default="packed", help="the extender's --node-policy (default packed)")
@@ -191,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     p.add_argument("--extender-profile", type=Path, help="run the extender under cProfile, stats to this file")
     args = p.parse_args(argv)
-    if args.nodes < 1 or args.pods < 1:
-        p.error(f"--nodes and --pods must be at least 1, got {args.nodes} and {args.pods}")
+    if args.nodes < 1 or args.pods < 1 or args.pairs < 1:
+        p.error(f"--nodes, --pods and --pairs must be at least 1, got {args.nodes}, {args.pods} and {args.pairs}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         results = asyncio.run(run(args))

@@ -530,23 +530,65 @@ def placement_gpus(placement: Placement) -> dict[str, frozenset[str]]:
     return {name: frozenset(keys) for name, keys in placement.items() if keys}
 
 
-def signature(state: NodeState) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
+def signature(state: NodeState, *, any_order: bool = False) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
     """A key under which node states score alike, and the node's GPU keys in that key's order.
 
     `score_node` looks at GPU keys only to tell GPUs apart and to break ties by key order, so
     two states that differ only by an order-preserving renaming of keys (identical machines
     with identical usage) get the same score, reason and, renamed, placement. None for states
     with a GPU key repeated within a resource (never shared).
+
+    `any_order`: GPUs ordered by their counts first, so that nodes with the same counts in any
+    order share a key (on a busy cluster most nodes differ only so); None where the order of
+    GPUs could change the greedy loop's choice. Valid for requests whose every resource one
+    container takes (`any_order_applies`) and not for `fragaware` (its directed share breaks
+    ties by published order). Within one call the loop ranks a GPU by its allocated count
+    (total - free) and what the pod took from it so far, ties by key: two GPUs tie only if
+    they started with the same allocated count. If, in every resource, GPUs with the same
+    allocated count have the same counts everywhere, ties only fall between GPUs with
+    identical counts, whose relative order the counts-first order keeps.
     """
-    keys = sorted({g.key for r in state.resources for g in r.gpus})
-    pos = {k: i for i, k in enumerate(keys)}
-    parts: list[object] = [state.allocation_policy]
+    all_keys = {g.key for r in state.resources for g in r.gpus}
     for r in state.resources:
         if len({g.key for g in r.gpus}) != len(r.gpus):
             return None
+    keys: list[str] = sorted(all_keys)
+    ordered_by = "key"
+    if any_order:
+        counts: dict[str, list[object]] = {k: [] for k in keys}
+        for i, r in enumerate(state.resources):
+            for g in r.gpus:
+                counts[g.key].append((i, g.total, g.allocated, g.unhealthy))
+        full = {k: tuple(v) for k, v in counts.items()}
+        if not all(_ties_are_identical(r, full) for r in state.resources):
+            return None
+        keys.sort(key=lambda k: (full[k], k))
+        ordered_by = "counts"
+    pos = {k: i for i, k in enumerate(keys)}
+    parts: list[object] = [ordered_by, state.allocation_policy]
+    for r in state.resources:
         gpus = tuple(sorted((pos[g.key], g.total, g.allocated, g.unhealthy) for g in r.gpus))
         parts.append((r.name, r.sharing, r.fail_requests_greater_than_one, gpus))
     return tuple(parts), tuple(keys)
+
+
+def any_order_applies(request: PodRequest) -> bool:
+    """Whether `signature(..., any_order=True)` keys are valid for `request`: one container,
+    so one call of the greedy loop per resource (a second container would rank GPUs by what
+    the first left, where GPUs that started apart can tie)."""
+    return len(request.containers) == 1
+
+
+def _ties_are_identical(res: ResourceState, full: Mapping[str, tuple[object, ...]]) -> bool:
+    """GPUs of `res` that the greedy loop ranks alike (same total - free) have the same counts
+    in every resource."""
+    seen: dict[int, tuple[object, ...]] = {}
+    for g in res.gpus:
+        taken = max(g.total, 0) - _free(g)
+        other = seen.setdefault(taken, full[g.key])
+        if other != full[g.key]:
+            return False
+    return True
 
 
 class ScoreTemplates:
@@ -611,7 +653,7 @@ class ScoreTemplates:
         s, where = self._entry(sid, keys, state, request, admitted)
         if not where:
             return s
-        placement = MappingProxyType({r: tuple(keys[i] for i in idx) for r, idx in where})
+        placement = MappingProxyType({r: tuple(sorted(keys[i] for i in idx)) for r, idx in where})
         if placement == s.placement:
             return s
         return NodeScore(s.feasible, s.score, s.reason, placement, s.unresolvable, s.rank)
@@ -632,7 +674,7 @@ class NodeScorer:
     """
 
     __slots__ = (
-        "state", "version", "node_policy", "workload", "room", "directed", "_memo", "_templates", "_sid", "_keys"
+        "state", "version", "node_policy", "workload", "room", "directed", "_memo", "_templates", "_exact", "_any"
     )
 
     def __init__(
@@ -656,14 +698,32 @@ class NodeScorer:
         self.directed = directed if directed is not None else templates is not None and templates.directed
         self._memo: dict[str, NodeScore] = {}
         self._templates: ScoreTemplates | None = None
-        self._sid = 0
-        self._keys: tuple[str, ...] = ()
+        # (template id, GPU keys in the signature's order) by key order, computed when first
+        # needed, and in any order (`signature`), computed here: most requests use it.
+        self._exact: tuple[int, tuple[str, ...]] | None = None
+        self._any: tuple[int, tuple[str, ...]] | None = None
         if templates is not None and templates.node_policy == node_policy:
-            sig = signature(state)
-            if sig is not None:
-                self._templates = templates
-                self._sid = templates.intern(sig[0])
-                self._keys = sig[1]
+            self._templates = templates
+            if node_policy != NodePolicy.FRAGAWARE:
+                sig = signature(state, any_order=True)
+                if sig is not None:
+                    self._any = (templates.intern(sig[0]), sig[1])
+
+    def _template(self, request: PodRequest) -> tuple[ScoreTemplates, int, tuple[str, ...]] | None:
+        """The shared templates and this node's id and keys there for `request`; None when
+        this node shares nothing (no templates, or a GPU key repeated)."""
+        t = self._templates
+        if t is None:
+            return None
+        if self._any is not None and any_order_applies(request):
+            return t, *self._any
+        if self._exact is None:
+            sig = signature(self.state)
+            if sig is None:
+                self._templates = None
+                return None
+            self._exact = (t.intern(sig[0]), sig[1])
+        return t, *self._exact
 
     def admitted(self, request: PodRequest) -> tuple[int, int] | None:
         """The typical shapes the node's CPU and memory admit before and after `request`; None
@@ -680,15 +740,16 @@ class NodeScorer:
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)
         if hit is None:
-            t = self._templates
+            shared = self._template(request)
             admitted = self.admitted(request)
-            if t is None:
+            if shared is None:
                 hit = score_node(
                     self.state, request, self.node_policy, workload=self.workload, admitted=admitted,
                     directed=self.directed,
                 )  # fmt: skip
             else:
-                hit = t.score(self._sid, self._keys, self.state, request, admitted)
+                t, sid, keys = shared
+                hit = t.score(sid, keys, self.state, request, admitted)
             self._memo[request.shape] = hit
         return hit
 
@@ -699,10 +760,11 @@ class NodeScorer:
         hit = self._memo.get(request.shape)
         if hit is not None:
             return hit
-        t = self._templates
-        if t is None:
+        shared = self._template(request)
+        if shared is None:
             return self.score(request)
-        return t.verdict(self._sid, self._keys, self.state, request, self.admitted(request))
+        t, sid, keys = shared
+        return t.verdict(sid, keys, self.state, request, self.admitted(request))
 
     def __len__(self) -> int:
         return len(self._memo)

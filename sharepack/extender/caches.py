@@ -12,7 +12,12 @@
   count as free at once (the kubelet frees them about when the DELETED event arrives, before
   the agent republishes), until the published state drops it or `assume_ttl` passes. Per node
   it keeps one `NodeScorer` for the effective state (published - released + assumed), rebuilt
-  on every change, so the request path is dictionary lookups.
+  on every change, so the request path is dictionary lookups. The bookkeeping itself (assumed,
+  released, settled pods and the effective state they make) is `extender.ledgers.Ledger`, a
+  pure model: every watch event and verb here decodes its input, updates the ledger, and
+  re-scores the nodes it says changed, logging and counting the outcomes it returns. For the
+  few request shapes seen last, the filter's and prioritize's answers are kept per shape
+  (`extender.replies`) and patched as nodes change, so a request costs no Python per node.
 * Freshness: each agent rewrites its state at least every heartbeat (`--state-heartbeat-seconds`)
   even when nothing changed, with a new `observedAt`. A state whose `observedAt` has not
   changed for `max_age_s`, *by this extender's clock*, is *stale* and the node is treated as
@@ -37,20 +42,21 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 
-from sharepack.common import directions, fragmentation, podrequests, scoring, statebuilding
+from sharepack.common import directions, fragmentation, podrequests, scoring
 from sharepack.common.errors import DirectionsError, RequestError, StateSchemaError
 from sharepack.common.podrequests import PodRequest
 from sharepack.common.policies import NodePolicy, Policy
 from sharepack.common.scoring import NodeScore, NodeScorer, Placement, ScoreTemplates
 from sharepack.common.state import NodeState, from_status, observed_epoch
-from sharepack.extender import predictionlog, protocol
-from sharepack.extender.metrics import Metrics, NodeGauges, node_gauges
+from sharepack.extender import ledgers, predictionlog, protocol
+from sharepack.extender.metrics import Metrics, node_gauges, NodeGauges
 from sharepack.extender.noderesources import NodeResources
+from sharepack.extender.ledgers import Assumed, Ledger
+from sharepack.extender.replies import ShapeReplies
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +97,11 @@ class WireScorer(NodeScorer):
         self.verdicts: dict[str, NodeScore] = {}
 
     def host_priority(self, request: PodRequest) -> bytes:
+        """The node's encoded `HostPriority`; empty for a score of 0, which the reply leaves out."""
         hit = self._wire.get(request.shape)
         if hit is None:
-            hit = self._wire[request.shape] = protocol.host_priority(self._prefix, self.filter_verdict(request).score)
+            score = self.filter_verdict(request).score
+            hit = self._wire[request.shape] = protocol.host_priority(self._prefix, score) if score > 0 else b""
         return hit
 
     def filter_verdict(self, request: PodRequest) -> NodeScore:
@@ -101,20 +109,6 @@ class WireScorer(NodeScorer):
         if hit is None:
             hit = self.verdicts[request.shape] = self.verdict(request)
         return hit
-
-
-@dataclass(slots=True)
-class Assumed:
-    uid: str
-    node: str
-    placement: Placement
-    expires: float  # monotonic
-
-
-@dataclass(slots=True)
-class Released:
-    placement: Placement  # the devices the gone pod held, freed in the effective state
-    expires: float  # monotonic
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -174,23 +168,20 @@ class ClusterView:
         self._heard: dict[str, tuple[str, float]] = {}  # node -> (observedAt, when we saw it change)
         self.stale: set[str] = set()  # nodes last logged as stale
         self.scorers: dict[str, WireScorer] = {}  # nodes with a usable published state
-        self.published: dict[str, tuple[str, NodeState]] = {}  # node -> (resourceVersion, state)
         self.invalid: dict[str, str] = {}  # node -> why its state is unusable (treated unknown)
-        self.assumed: dict[str, Assumed] = {}
-        self._assumed_on: dict[str, set[str]] = {}  # node -> assumed pod UIDs
-        self._settled: set[str] = set()  # counted by the agent, or expired: never assumed again
-        self._placed: dict[str, Placement] = {}  # settled pods whose prediction matched: exact
-        self._released: dict[str, dict[str, Released]] = {}  # node -> gone pods still published
-        self.pods: dict[str, str] = {}  # bound GPU pod UID -> node
+        self.ledger = Ledger()  # assumed, released, settled pods: the effective states
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
         self._shapes: OrderedDict[str, PodRequest] = OrderedDict()  # most recent last
+        self._replies: dict[str, ShapeReplies] = {}  # shape -> its kept answers, for `_shapes`
+        # No node in `_replies` is stale before this (wall clock); past it, `_drop_stale`.
+        self.soonest_stale = NEVER_STALE
         self._generation = 0
         self.on_change: Callable[[], None] | None = None  # called after every cache change
-        self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
-        self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
         self.templates = ScoreTemplates(node_policy, workload=workload, directed=directed)
-        # Per node gauge rows, recomputed with each published state (never per scrape).
-        self.gauges: dict[str, NodeGauges] = {}
+        # Per node gauge rows, computed at the next scrape from the states published since
+        # (`_gauges_due`): a node written many times between two scrapes is computed once.
+        self._gauges: dict[str, NodeGauges] = {}
+        self._gauges_due: dict[str, NodeState] = {}
         self.metrics.node_rows(lambda: tuple(self.gauges.values()))
 
     # -- NodeGpuState events ---------------------------------------------------------------
@@ -202,36 +193,40 @@ class ClusterView:
         for obj in objects:
             self.upsert_state(obj)
 
+    # The ledger's tables, read by the metrics, /explain and tests.
+    @property
+    def published(self) -> Mapping[str, tuple[str, NodeState]]:
+        return self.ledger.published
+
+    @property
+    def assumed(self) -> Mapping[str, Assumed]:
+        return self.ledger.assumed
+
+    @property
+    def pods(self) -> Mapping[str, str]:
+        return self.ledger.pods
+
     @property
     def known_resources(self) -> frozenset[str]:
-        if self._known is None:
-            self._known = frozenset(self._publishers)
-        return self._known
+        return self.ledger.known_resources
 
-    def _publish(self, name: str, entry: tuple[str, NodeState] | None) -> None:
-        """Set (or, with None, drop) a node's published state, keeping resource counts."""
-        counts = self._publishers
-        old = self.published.pop(name, None)
-        if old is not None:
-            for r in {r.name for r in old[1].resources}:
-                left = counts[r] - 1
-                if left:
-                    counts[r] = left
-                else:
-                    del counts[r]
-                    self._known = None
-        if entry is None:
-            self.gauges.pop(name, None)
-        else:
-            self.published[name] = entry
-            gauges = node_gauges(name, entry[1])
-            kept = self.gauges.get(name)
+    @property
+    def gauges(self) -> Mapping[str, NodeGauges]:
+        """Per node gauge rows, as of the last published states."""
+        due, self._gauges_due = self._gauges_due, {}
+        for name, state in due.items():
+            gauges = node_gauges(name, state)
+            kept = self._gauges.get(name)
             if kept is None or kept.values != gauges.values:  # a heartbeat keeps the formatted text
-                self.gauges[name] = gauges
-            for r in {r.name for r in entry[1].resources}:
-                if r not in counts:
-                    self._known = None
-                counts[r] = counts.get(r, 0) + 1
+                self._gauges[name] = gauges
+        return self._gauges
+
+    def _gauge(self, name: str, state: NodeState | None) -> None:
+        if state is None:
+            self._gauges_due.pop(name, None)
+            self._gauges.pop(name, None)
+        else:
+            self._gauges_due[name] = state
 
     def relevant(self, request: PodRequest) -> PodRequest:
         """The part of `request` this extender judges: resources some node publishes.
@@ -263,25 +258,24 @@ class ClusterView:
             if self.invalid.get(name) != str(e):
                 log.warning("ignoring the published state of node %s: %s", name, e)
             self.invalid[name] = str(e)
-            self._publish(name, None)
+            self.ledger.unpublish(name, releases=False)
+            self._gauge(name, None)
             self.scorers.pop(name, None)
+            self._index(name, None)
             self._forget_freshness(name)
             self._changed()
             return
         self.invalid.pop(name, None)
-        old = self.published.get(name)
-        self._publish(name, (rv, state))
+        published = self.ledger.publish(name, rv, state)
+        self._gauge(name, state)
         fresh_until = self._track_freshness(name, state)
-        settled = self._catch_up_releases(name, state)
-        for uid in list(self._assumed_on.get(name, ())):
-            reported = scoring.placed_gpus(state, uid)
-            if reported:
-                self._settle(uid, reported)
-                settled = True
+        for settled in published.settled:
+            self._count_prediction(settled)
         scorer = self.scorers.get(name)
-        if not settled and scorer is not None and old is not None and statebuilding.same_content(old[1], state):
+        if not published.changed and scorer is not None:
             # A heartbeat: only observedAt moved. Keep the scorer and its memo.
             scorer.fresh_until = fresh_until
+            self._index(name, scorer)  # back in the answers if it had gone stale
             self._changed()
             return
         self._rebuild(name)
@@ -366,8 +360,21 @@ class ClusterView:
     ) -> tuple[list[int], dict[str, str], dict[str, str]]:
         """Which of `names` can host `request`: (indexes of survivors, node -> why it cannot,
         node -> why it never can). Unknown or stale nodes pass: correctness is the kubelet's."""
-        scorers = self.scorers
         now = self.wall_clock()  # one clock read per request; per node a float comparison
+        replies = self._kept_replies(request, now)
+        if replies is not None:
+            survivors, failed, unresolvable = replies.filter(names)
+        else:
+            survivors, failed, unresolvable = self._filter_each(names, request, now)
+        if 0 < self.tier_width < len(survivors):
+            survivors = self._best_tier(names, survivors, request, now, failed)
+        return survivors, failed, unresolvable
+
+    def _filter_each(
+        self, names: Sequence[str], request: PodRequest, now: float
+    ) -> tuple[list[int], dict[str, str], dict[str, str]]:
+        """`filter_nodes` node by node: for shapes without kept answers."""
+        scorers = self.scorers
         shape = request.shape
         survivors: list[int] = []
         keep = survivors.append
@@ -385,8 +392,6 @@ class ClusterView:
                 unresolvable[name] = s.reason
             else:
                 failed[name] = s.reason
-        if 0 < self.tier_width < len(survivors):
-            survivors = self._best_tier(names, survivors, request, now, failed)
         return survivors, failed, unresolvable
 
     def _best_tier(
@@ -440,21 +445,33 @@ class ClusterView:
             r.forget(uid)
 
     def host_priorities(self, names: Sequence[str], request: PodRequest) -> list[bytes]:
-        """Each node's wire-encoded HostPriority; unknown or stale nodes get the lowest score."""
-        scorers = self.scorers
+        """The wire-encoded HostPriority of each node that scores above 0. kube-scheduler adds
+        an extender's score only to the hosts its reply names, so a node left out scores 0,
+        the lowest: unknown and stale nodes, and most nodes of a large cluster under `packed`
+        (empty ones). Leaving them out spares both sides encoding and decoding them."""
         now = self.wall_clock()
-        unknown = scoring.UNKNOWN_NODE.score
-        host_priority = protocol.host_priority
+        replies = self._kept_replies(request, now)
+        if replies is not None:
+            return replies.priorities(names)
+        return self._priorities_each(names, request, now)
+
+    def _priorities_each(self, names: Sequence[str], request: PodRequest, now: float) -> list[bytes]:
+        """`host_priorities` node by node: for shapes without kept answers."""
+        scorers = self.scorers
         shape = request.shape
         parts: list[bytes] = []
         append = parts.append
         for name in names:
             scorer = scorers.get(name)
             if scorer is None or scorer.fresh_until <= now:
-                rank = self._unknown_rank(name, request) if request.empty else -math.inf
-                append(host_priority(name, scoring.MAX_EXTENDER_PRIORITY if rank > 0 else unknown))
-            else:
-                append(scorer._wire.get(shape) or scorer.host_priority(request))
+                if request.empty and self._unknown_rank(name, request) > 0:
+                    append(protocol.host_priority(name, scoring.MAX_EXTENDER_PRIORITY))  # GPU-free, for a CPU-only pod
+                continue
+            wire = scorer._wire.get(shape)
+            if wire is None:
+                wire = scorer.host_priority(request)
+            if wire:
+                append(wire)
         return parts
 
     def delete_state(self, obj: Any) -> None:
@@ -462,40 +479,31 @@ class ClusterView:
             self._drop_state(str(_meta(obj).get("name", "")))
 
     def _drop_state(self, name: str) -> None:
-        self._publish(name, None)
-        self._released.pop(name, None)
+        self.ledger.unpublish(name)
+        self._gauge(name, None)
         self.invalid.pop(name, None)
         self.scorers.pop(name, None)
+        self._index(name, None)
         self._forget_freshness(name)
         self._changed()
 
-    def _settle(self, uid: str, reported: Mapping[str, frozenset[str]]) -> None:
-        a = self._forget_assumed(uid)
-        self._settled.add(uid)
-        if a is None or not a.placement:
-            return
-        predicted = scoring.placement_gpus(a.placement)
-        match = all(reported.get(r, frozenset()) == keys for r, keys in predicted.items())
+    def _count_prediction(self, settled: ledgers.Settled) -> None:
+        match = settled.match
         self.metrics.prediction(match)
-        if match:
-            self._placed[uid] = a.placement  # exact: how many devices on each GPU, for release
         if not match:
             log.info(
                 "prediction missed for pod %s on node %s: predicted %s, agent reports %s",
-                uid, a.node, {r: sorted(k) for r, k in predicted.items()},
-                {r: sorted(k) for r, k in reported.items()},
+                settled.uid, settled.node, {r: sorted(k) for r, k in settled.predicted.items()},
+                {r: sorted(k) for r, k in settled.reported.items()},
             )  # fmt: skip
 
     def _rebuild(self, name: str) -> None:
-        entry = self.published.get(name)
-        if entry is None:
+        state = self.ledger.effective(name)
+        if state is None:
             self.scorers.pop(name, None)
+            self._index(name, None)
         else:
-            rv, state = entry
-            for uid, r in self._released.get(name, {}).items():
-                state = scoring.release_placement(state, uid, r.placement)
-            for uid in self._assumed_on.get(name, ()):
-                state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
+            rv = self.ledger.published[name][0]
             self._generation += 1
             room = self.resources.room(name) if self.resources is not None else None
             scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room)
@@ -503,7 +511,56 @@ class ClusterView:
             for request in self._shapes.values():
                 scorer.host_priority(request)  # memoises the filter's verdict too
             self.scorers[name] = scorer
+            self._index(name, scorer)
         self._changed()
+
+    # -- answers kept per request shape (extender.replies) ---------------------------------
+
+    def _index(self, name: str, scorer: WireScorer | None) -> None:
+        """Patch the node into every kept shape's answers; a node without a scorer, or stale,
+        leaves them (it passes and scores 0)."""
+        replies = self._replies
+        if not replies:
+            return
+        if scorer is None or scorer.fresh_until <= self.wall_clock():
+            for r in replies.values():
+                r.drop(name)
+            return
+        self.soonest_stale = min(self.soonest_stale, scorer.fresh_until)
+        for shape, r in replies.items():
+            request = self._shapes[shape]
+            r.put(name, scorer.filter_verdict(request), scorer.host_priority(request))
+
+    def _kept_replies(self, request: PodRequest, now: float) -> ShapeReplies | None:
+        """The shape's kept answers, current at `now`; None for a shape not kept."""
+        replies = self._replies.get(request.shape)
+        if replies is not None and now >= self.soonest_stale:
+            self._drop_stale(now)
+        return replies
+
+    def _drop_stale(self, now: float) -> None:
+        """Take nodes gone stale by `now` out of every kept answer (each comes back with its
+        next write), and note when the next one can."""
+        soonest = NEVER_STALE
+        for name, scorer in self.scorers.items():
+            if scorer.fresh_until <= now:
+                for r in self._replies.values():
+                    r.drop(name)
+            elif scorer.fresh_until < soonest:
+                soonest = scorer.fresh_until
+        self.soonest_stale = soonest
+
+    def _keep_replies(self, request: PodRequest) -> None:
+        """Start keeping answers for a newly remembered shape: every fresh node's, once."""
+        r = self._replies[request.shape] = ShapeReplies()
+        now = self.wall_clock()
+        soonest = self.soonest_stale
+        for name, scorer in self.scorers.items():
+            if scorer.fresh_until > now:
+                r.put(name, scorer.filter_verdict(request), scorer.host_priority(request))
+                if scorer.fresh_until < soonest:
+                    soonest = scorer.fresh_until
+        self.soonest_stale = soonest
 
     # -- pods ------------------------------------------------------------------------------
 
@@ -512,15 +569,8 @@ class ClusterView:
         for obj in objects:
             if isinstance(obj, Mapping):
                 present.add(str(_meta(obj).get("uid", "")))
-        # Assumed pods stay (a /bind can be newer than this list; the TTL bounds them). Bound
-        # pods missing from the list were deleted while we were not watching: released.
-        for uid in [u for u in self.pods if u not in present]:
-            if uid in self.assumed:
-                self.pods.pop(uid, None)
-            else:
-                self.forget_pod(uid)
-        self._settled &= present | set(self.assumed)
-        self._placed = {u: p for u, p in self._placed.items() if u in present}
+        for forgotten in self.ledger.keep_only(present, self.clock() + self.assume_ttl):
+            self._forgotten(forgotten)
         for obj in objects:
             self.upsert_pod(obj)
 
@@ -539,13 +589,8 @@ class ClusterView:
             return
         if request.empty:
             return
-        self.pods[pod.uid] = pod.node_name
-        if pod.uid in self.assumed or pod.uid in self._settled:
-            self._changed()
-            return
-        entry = self.published.get(pod.node_name)
-        if entry is not None and scoring.placed_gpus(entry[1], pod.uid):
-            self._settled.add(pod.uid)  # already counted by its agent
+        self.ledger.bound(pod.uid, pod.node_name)
+        if self.ledger.counted(pod.uid, pod.node_name):
             self._changed()
             return
         self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name, whole))
@@ -564,51 +609,16 @@ class ClusterView:
         """The pod is gone (deleted, or Succeeded/Failed): stop counting it, and free what its
         node's published state still counts for it (`request`, when known, tells how many
         devices it held on a GPU it shared)."""
-        node = self.pods.pop(uid, None)
-        self._settled.discard(uid)
-        placed = self._placed.pop(uid, None)
-        a = self._forget_assumed(uid)
-        node = node or (a.node if a is not None else None)
-        released = node is not None and self._release(uid, node, placed, request)
-        if a is not None or released:
-            assert node is not None
-            self._rebuild(node)
+        self._forgotten(self.ledger.forget(uid, request, self.clock() + self.assume_ttl))
+
+    def _forgotten(self, forgotten: ledgers.Forgotten) -> None:
+        if forgotten.untold:
+            log.info("pod %s on node %s is gone; its devices count until its agent republishes "
+                     "(the published counts do not say how many it held)", forgotten.uid, forgotten.node)  # fmt: skip
+        if forgotten.changed and forgotten.node is not None:
+            self._rebuild(forgotten.node)
         else:
             self._changed()
-
-    def _release(self, uid: str, node: str, placed: Placement | None, request: PodRequest | None) -> bool:
-        entry = self.published.get(node)
-        if entry is None or not scoring.placed_gpus(entry[1], uid):
-            return False  # not (or no longer) counted by its agent: nothing to free
-        placement = placed or scoring.held_placement(entry[1], uid, request)
-        if not placement:
-            log.info("pod %s on node %s is gone; its devices count until its agent republishes "
-                     "(the published counts do not say how many it held)", uid, node)  # fmt: skip
-            return False
-        self._released.setdefault(node, {})[uid] = Released(placement, self.clock() + self.assume_ttl)
-        return True
-
-    def _catch_up_releases(self, node: str, state: NodeState) -> bool:
-        """Forget released pods the node's published state no longer lists; True if any."""
-        released = self._released.get(node)
-        if not released:
-            return False
-        done = [uid for uid in released if not scoring.placed_gpus(state, uid)]
-        for uid in done:
-            del released[uid]
-        if not released:
-            del self._released[node]
-        return bool(done)
-
-    def _forget_assumed(self, uid: str) -> Assumed | None:
-        a = self.assumed.pop(uid, None)
-        if a is not None:
-            on = self._assumed_on.get(a.node)
-            if on is not None:
-                on.discard(uid)
-                if not on:
-                    del self._assumed_on[a.node]
-        return a
 
     # -- assumptions -----------------------------------------------------------------------
 
@@ -619,11 +629,9 @@ class ClusterView:
         `directed`: the placement the pod's directions name (another replica's prediction, which
         the agent follows), used instead of ours."""
         request = self.relevant(request)
-        if uid in self.assumed or uid in self._settled or request.empty:
+        if request.empty or uid in self.ledger.assumed or uid in self.ledger.settled:
             return None
-        entry = self.published.get(node)
-        if entry is not None and scoring.placed_gpus(entry[1], uid):
-            self._settled.add(uid)  # its agent was faster than us: already counted
+        if self.ledger.counted(uid, node):  # its agent was faster than us: already counted
             self._changed()
             return None
         scorer = self.fresh_scorer(node)  # a stale node is unknown: no prediction either
@@ -633,8 +641,7 @@ class ClusterView:
             placement = directed
         else:
             predictionlog.record(uid, node, placement)
-        self.assumed[uid] = Assumed(uid, node, placement, self.clock() + self.assume_ttl)
-        self._assumed_on.setdefault(node, set()).add(uid)
+        self.ledger.assume(uid, node, placement, self.clock() + self.assume_ttl)
         self._rebuild(node)
         return predicted
 
@@ -645,7 +652,7 @@ class ClusterView:
         unknown node, an infeasible pod, a pod already counted)."""
         request = self.relevant(request)
         scorer = self.fresh_scorer(node)
-        if scorer is None or request.empty or uid in self.assumed or uid in self._settled:
+        if scorer is None or request.empty or uid in self.ledger.assumed or uid in self.ledger.settled:
             return ()
         split = scoring.container_placements(scorer.state, request)
         predicted = self.assume(uid, node, request)
@@ -669,33 +676,20 @@ class ClusterView:
     def unassume(self, uid: str, node: str) -> None:
         """Undo `direct` after a failed bind: stop counting the pod on `node`, and only there
         (the pod watch may have seen it bound elsewhere meanwhile)."""
-        a = self.assumed.get(uid)
-        if a is not None and a.node == node:
-            self._forget_assumed(uid)
+        if self.ledger.unassume(uid, node):
             self._rebuild(node)
 
     def expire(self) -> int:
         """Stop counting assumed pods older than the TTL; returns how many."""
-        now = self.clock()
-        late = [a for a in self.assumed.values() if a.expires <= now]
-        for a in late:
+        expired = self.ledger.expire(self.clock())
+        for a in expired.assumed:
             log.info("pod %s on node %s not reported by its agent in time: no longer counted",
                      a.uid, a.node)  # fmt: skip
-            self._forget_assumed(a.uid)
-            self._settled.add(a.uid)
-        late_nodes = {a.node for a in late}
-        for node, released in list(self._released.items()):
-            gone = [uid for uid, r in released.items() if r.expires <= now]
-            for uid in gone:
-                log.info("released pod %s still listed by node %s's agent after the TTL: counted again", uid, node)
-                del released[uid]
-            if gone:
-                late_nodes.add(node)
-            if not released:
-                del self._released[node]
-        for node in late_nodes:
+        for node, uid in expired.released:
+            log.info("released pod %s still listed by node %s's agent after the TTL: counted again", uid, node)
+        for node in expired.nodes:
             self._rebuild(node)
-        return len(late)
+        return len(expired.assumed)
 
     def remember(self, request: PodRequest) -> None:
         """Keep the request of a pod being scheduled: /bind carries only its name and UID."""
@@ -709,10 +703,13 @@ class ClusterView:
         if request.empty:
             return  # nothing to prescore; kept above so that /bind need not read the pod
         shapes = self._shapes
+        new = request.shape not in shapes
         shapes[request.shape] = request
         shapes.move_to_end(request.shape)
         if len(shapes) > PRESCORED_SHAPES:
-            shapes.popitem(last=False)
+            self._replies.pop(shapes.popitem(last=False)[0], None)
+        if new:
+            self._keep_replies(request)
 
     def recalled(self, uid: str) -> PodRequest | None:
         return self._recent.get(uid)

@@ -2,7 +2,8 @@
 
 The body is the `ExtenderArgs` kube-scheduler sends to /filter (the pod and the candidate node
 names); the reply gives each node's filter verdict and score. Both come from the very loops
-/filter and /prioritize run (`ClusterView.filter_nodes`, `ClusterView.host_priorities`), so an
+/filter and /prioritize run (`ClusterView.filter_nodes`, `ClusterView.host_priorities`, whose
+reply leaves out the nodes that score 0), so an
 explanation cannot disagree with a decision. Nothing changes: the pod is not remembered for
 /bind nor its shape pre-scored, nothing is assumed; the only writes are the scorers' memos,
 which hold the same answers they would compute anyway.

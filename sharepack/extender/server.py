@@ -163,7 +163,7 @@ class Extender:
         names = args.node_names
         self.guard.prioritized(args.pod_uid, names)
         if pod is None or (pod.empty and not self.view.ranks_every_pod):
-            return self._json(protocol.encode_priorities(names, [0] * len(names)))
+            return self._json(protocol.join_priorities(()))  # every node 0: none named
         return self._json(protocol.join_priorities(self.view.host_priorities(names, pod)))
 
     async def bind(self, request: web.Request) -> web.Response:
@@ -176,8 +176,17 @@ class Extender:
             m.bind(False)
             return self._json(protocol.encode_binding_result(
                 "binding is not available: the extender runs without Kubernetes API access"))  # fmt: skip
-        verdict = await self.guard.admit(args, self.binder.get_pod)
+        # A directing binder lists the node's pods beside the guard's read (`prefetch`).
+        prefetch = getattr(self.binder, "prefetch", None)
+        if prefetch is not None:
+            prefetch(args)
+        try:
+            verdict = await self.guard.admit(args, self.binder.get_pod)
+        except BaseException:
+            await self._discard(args)
+            raise
         if isinstance(verdict, Refusal):
+            await self._discard(args)
             m.bind_refused(verdict.rule)
             log.warning("bind refused (%s): %s", verdict.rule, verdict.message)
             return self._json(protocol.encode_binding_result(
@@ -206,6 +215,11 @@ class Extender:
         if not verdict.request.empty:
             self.view.assume(uid, args.node, verdict.request)  # a no-op when counted already
         return self._json(protocol.encode_binding_result())
+
+    async def _discard(self, args: protocol.BindingArgs) -> None:
+        discard = getattr(self.binder, "discard", None)
+        if discard is not None:
+            await discard(args)
 
     async def explain(self, request: web.Request) -> web.Response:
         """Read-only: each node's filter verdict and score for the pod (sharepack/extender/explaining.py)."""

@@ -207,7 +207,7 @@ def test_a_deleted_pod_frees_its_published_devices_before_its_agent_republishes(
     assert view.scorers["node-a"].state.resources[0].gpus[0].pods == ("old",)
     # The agent's next write no longer lists it: the release is done, nothing is freed twice.
     view.upsert_state(state_obj("node-a", [(4, 1, ("old",)), (4, 0, ())], rv="3"))
-    assert allocated(view, "node-a") == [1, 0] and view._released == {}
+    assert allocated(view, "node-a") == [1, 0] and view.ledger.released == {}
 
 
 def test_a_finished_pod_frees_its_devices_too() -> None:

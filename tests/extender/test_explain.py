@@ -86,7 +86,9 @@ async def test_explain_gives_the_filter_verdicts_and_the_prioritize_scores(view:
     assert [n["node"] for n in explained["nodes"]] == NODES
     assert {n for n, e in by_node.items() if e["filter"] == "pass"} == set(filtered["NodeNames"])
     assert {n: FAILED_PREFIX + e["reason"] for n, e in by_node.items() if e["filter"] == "fail"} == filtered["FailedNodes"]
-    assert {e["node"]: e["score"] for e in explained["nodes"]} == {p["Host"]: p["Score"] for p in priorities}
+    named = {p["Host"]: p["Score"] for p in priorities}  # nodes scoring 0 are left out of the reply
+    assert {e["node"]: e["score"] for e in explained["nodes"]} == {n: named.get(n, 0) for n in NODES}
+    assert 0 not in named.values()
     assert {n: e["knowledge"] for n, e in by_node.items()} == {
         "node-empty": "published", "node-half": "published", "node-full": "published",
         "node-stale": "stale", "node-unreadable": "unreadable", "node-unknown": "unknown",

@@ -126,8 +126,8 @@ async def test_a_stale_node_passes_the_filter_and_scores_zero(age: float, full_f
     assert ("node-full" in (reply["FailedNodes"] or {})) is full_fails
     assert ("node-full" in reply["NodeNames"]) is not full_fails
     scores = {p["Host"]: p["Score"] for p in await ask(view, "prioritize")}
-    assert (scores["node-used"] > 0) is used_score
-    assert scores["node-full"] == 0
+    assert (scores.get("node-used", 0) > 0) is used_score
+    assert "node-full" not in scores  # 0: left out
 
 
 async def test_without_a_max_age_old_states_are_still_scored() -> None:

@@ -170,7 +170,7 @@ async def test_a_pod_without_gpu_requests_passes_everywhere(client: Any) -> None
     status, reply = await post(client, "filter", args_body(pod_json({"cpu": "1", "example.com/fpga": "1"}), NODES))
     assert (status, reply["NodeNames"], reply["FailedNodes"]) == (200, NODES, {})
     status, reply = await post(client, "prioritize", args_body(pod_json({"cpu": "1"}), NODES))
-    assert [p["Score"] for p in reply] == [0] * len(NODES)
+    assert (status, reply) == (200, [])  # every node 0: kube-scheduler adds nothing for hosts not named
 
 
 async def test_a_resource_no_node_publishes_is_not_ours_to_judge(client: Any) -> None:
@@ -199,7 +199,7 @@ async def test_an_unreadable_pod_is_an_error_in_the_reply_not_an_http_error(clie
     status, reply = await post(client, "filter", orjson.dumps({"NodeNames": NODES}))
     assert status == 200 and "Pod is missing" in reply["Error"]
     status, reply = await post(client, "prioritize", args_body(pod_json({SHARED: "0.5"}), NODES))
-    assert status == 200 and [p["Score"] for p in reply] == [0] * len(NODES)
+    assert (status, reply) == (200, [])
 
 
 # --- prioritize -------------------------------------------------------------------------------
@@ -210,10 +210,10 @@ async def test_prioritize_ranks_the_used_node_first_under_packed(client: Any, ca
     names = ["node-used", "node-empty", "node-unknown"]
     status, reply = await post(client, "prioritize", args_body(pod_json({SHARED: "1"}), names, cache_capable=cache_capable))
     assert status == 200
-    assert [p["Host"] for p in reply] == names
+    assert [p["Host"] for p in reply] == ["node-used", "node-empty"]  # in the order asked; zeros left out
     scores = {p["Host"]: p["Score"] for p in reply}
-    assert scores["node-used"] > scores["node-empty"] > scores["node-unknown"] == 0
-    assert all(0 <= s <= 10 for s in scores.values())
+    assert scores["node-used"] > scores["node-empty"] > 0 and "node-unknown" not in scores
+    assert all(0 < s <= 10 for s in scores.values())
 
 
 async def test_prioritize_follows_the_extender_policy() -> None:
@@ -222,7 +222,7 @@ async def test_prioritize_follows_the_extender_policy() -> None:
     async with TestClient(TestServer(Extender(view).app())) as c:
         _, reply = await post(c, "prioritize", args_body(pod_json({SHARED: "1"}), ["node-used", "node-empty"]))
     scores = {p["Host"]: p["Score"] for p in reply}
-    assert scores["node-empty"] > scores["node-used"]
+    assert scores["node-empty"] > scores.get("node-used", 0)
 
 
 # --- bind without API access ----------------------------------------------------------------

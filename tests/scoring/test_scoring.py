@@ -301,6 +301,47 @@ def test_nodes_alike_but_for_gpu_names_share_scores_exactly(
         assert shared == scoring.score_node(state, req, policy)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(gpu, min_size=1, max_size=8), st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       st.lists(st.integers(1, 4), max_size=1), st.booleans(), policies, policies,
+       st.randoms(use_true_random=False))  # fmt: skip
+def test_nodes_with_the_same_counts_in_another_order_share_scores_exactly(
+    gpus: Gpus, sizes: list[int], init: list[int], two_resources: bool, node_policy: Policy, policy: Policy,
+    rnd: Any,
+) -> None:
+    # Counts-first signatures (`signature(any_order=True)`) share one simulation between nodes
+    # whose GPUs carry the same counts in another order: every node must still get exactly
+    # the score and placement its own simulation gives, for one container or several.
+    order = list(range(len(gpus)))
+    rnd.shuffle(order)
+    other = "nvidia.com/gpu"
+
+    def state(loads: Gpus) -> NodeState:
+        resources = [resource(SHARED, loads)]
+        if two_resources:  # the same GPUs under a second resource, with counts of their own
+            resources.append(resource(other, [(1, (t + a) % 2) for t, a, *_ in loads]))
+        return NodeState("2026-11-30T03:00:00Z", "0.1.0", node_policy, MigStrategy.NONE, tuple(resources))
+
+    first, second = state(gpus), state([gpus[i] for i in order])
+    templates = scoring.ScoreTemplates(policy)
+    req = request(*sizes, init=init)
+    for s in (first, second):
+        scorer = scoring.NodeScorer(s, policy, templates=templates)
+        own = scoring.score_node(s, req, policy)
+        verdict = scorer.verdict(req)
+        assert (verdict.feasible, verdict.score, verdict.reason, verdict.rank) == (own.feasible, own.score, own.reason, own.rank)
+        assert scorer.score(req) == own
+
+
+def test_nodes_with_the_same_counts_in_another_order_are_simulated_once() -> None:
+    templates = scoring.ScoreTemplates(PACKED)
+    loads = [(4, 1), (4, 0), (4, 3)]
+    scorers = [scoring.NodeScorer(node(order), PACKED, templates=templates) for order in (loads, loads[::-1])]
+    scores = [s.score(request(1)) for s in scorers]
+    assert len(templates._memo) == 1
+    assert [s.placement[SHARED] for s in scores] == [("GPU-2",), ("GPU-0",)]  # the fullest GPU on each
+
+
 def test_identical_machines_are_simulated_once_per_shape() -> None:
     templates = scoring.ScoreTemplates(PACKED)
     scorers = [

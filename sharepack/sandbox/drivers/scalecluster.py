@@ -1,6 +1,7 @@
 """A large simulated cluster on the real control plane, for scheduler throughput and trace
 replay: etcd + kube-apiserver with deploy/base applied, a `sandbox.fleet.Fleet` of simulated
-GPU nodes, the real extender as a child process (with the extender's own service account), and
+GPU nodes, the real extender as a child process (with the extender's own service account; mutual TLS
+between kube-scheduler and the extender, as deploy/ ships it, unless told otherwise), and
 kube-scheduler started and stopped on demand, with or without the extender.
 
 `PodTracker` watches the pods of one namespace and records, per pod, when it was bound (the
@@ -26,7 +27,7 @@ import yaml
 
 from sharepack.common.policies import NodePolicy, Policy
 from sharepack.extender.metrics import parse_text
-from sharepack.sandbox.controlplane import plane as controlplane, kubebuild
+from sharepack.sandbox.controlplane import certificates, plane as controlplane, kubebuild
 from sharepack.sandbox.apiwatch import ApiSession, reflect
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sharepack.sandbox.kubelet.fleet import Fleet, NodeShape, wait_for
@@ -222,7 +223,10 @@ class ScaleCluster(Stack):
         namespace: str = NAMESPACE,
         progress: bool = True,
         profile_to: Path | None = None,
+        tls: bool = True,
     ) -> None:
+        """`tls`: the extender serves its verbs over mutual TLS and kube-scheduler calls it with
+        a client certificate, as deploy/ ships them (False: plain HTTP on loopback)."""
         self.shapes = shapes
         self.workdir = workdir
         self.replicas = replicas
@@ -236,6 +240,9 @@ class ScaleCluster(Stack):
         self.control: RealControlPlane | None = None
         self.extender: LoggedProcess | None = None
         self.extender_url = ""
+        self.extender_metrics_url = ""  # plain HTTP (--metrics-listen), also when the verbs use TLS
+        self.tls: certificates.TlsFiles | None = None
+        self.use_tls = tls
         self.timings: dict[str, float] = {}
         super().__init__()
         self._tasks: list[asyncio.Task[None]] = []
@@ -275,16 +282,21 @@ class ScaleCluster(Stack):
 
         t0 = time.monotonic()
         kubeconfig = await Identities(control, manifests).extender_kubeconfig()
-        port = free_port()
-        self.extender_url = f"http://127.0.0.1:{port}"
+        port, metrics_port = free_port(), free_port()
+        if self.use_tls:
+            self.tls = certificates.write_tls_files(self.workdir / "tls")
+            transport = self.tls.extender_args()
+            self.extender_url = f"https://127.0.0.1:{port}"
+        else:
+            transport = ["--insecure-http"]
+            self.extender_url = f"http://127.0.0.1:{port}"
+        self.extender_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         profiler = ["-m", "cProfile", "-o", str(self.profile_to)] if self.profile_to else []
         self.extender = LoggedProcess(
             [
                 sys.executable, *profiler, "-m", "sharepack.extender", f"--listen=127.0.0.1:{port}", f"--node-policy={self.node_policy}",
                 f"--kubeconfig={kubeconfig}", "--log-format=text", "--log-level=warning",
-                # Plain HTTP on loopback: the figures so far were taken so (mutual TLS, as
-                # deploy/ ships it, would add its handshakes and record layer on both sides).
-                "--insecure-http", *self.extender_args,
+                f"--metrics-listen=127.0.0.1:{metrics_port}", *transport, *self.extender_args,
             ],
             self.workdir / "extender.log",
         )  # fmt: skip
@@ -323,7 +335,7 @@ class ScaleCluster(Stack):
         return ""
 
     async def extender_metrics(self) -> dict[str, float]:
-        return parse_text(await self._get_text(f"{self.extender_url}/metrics"))
+        return parse_text(await self._get_text(self.extender_metrics_url))
 
     async def scheduler_metrics(self) -> dict[str, float]:
         assert self.control is not None
@@ -344,7 +356,8 @@ class ScaleCluster(Stack):
         if plugin_config:
             doc["profiles"][0]["pluginConfig"] = [dict(p) for p in plugin_config]
         source.write_text(yaml.safe_dump(doc, sort_keys=False))
-        await self.control.start_scheduler(self.extender_url, source=source, serve_metrics=True)
+        tls = self.tls.scheduler_tls_config() if self.tls is not None else None
+        await self.control.start_scheduler(self.extender_url, tls=tls, source=source, serve_metrics=True)
         assert self.control.scheduler is not None and self.control.scheduler.proc is not None
         return self.control.scheduler.proc.pid
 
@@ -376,7 +389,9 @@ class ScaleCluster(Stack):
                 raise TimeoutError(f"{len(self.tracker.pods)} pods still there after deleting them for {timeout:.0f} s")
             # Thousands of pods take longer than the API server's request timeout (504): what
             # it deleted meanwhile stays deleted, so ask again for the rest.
-            await self.api.send("DELETE", path, ok=(500, 504))
+            # An overloaded API server may also drop the connection: ask again, as for a 504.
+            with contextlib.suppress(aiohttp.ClientConnectionError):
+                await self.api.send("DELETE", path, ok=(500, 504))
             with contextlib.suppress(TimeoutError):
                 await wait_for(lambda: not self.tracker.pods, "deleting every pod", 30)
         await wait_for(lambda: not any(n.pods for n in self.fleet.nodes.values()), "the fleet freeing every pod", timeout)

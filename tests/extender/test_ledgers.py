@@ -1,0 +1,101 @@
+"""The extender's bookkeeping as a pure model: effective states and what each input changes."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.state import GpuState, NodeState, ResourceState
+from sharepack.extender.ledgers import Ledger
+
+SHARED = "nvidia.com/gpu.shared"
+
+
+def state(gpus: list[tuple[int, tuple[str, ...]]], observed: str = "2026-11-30T03:00:00Z") -> NodeState:
+    return NodeState(
+        observed, "0.1.0", Policy.PACKED, MigStrategy.NONE,
+        (ResourceState(SHARED, Sharing.TIME_SLICING, False,
+                       tuple(GpuState(f"GPU-{i}", str(i), "A100", 4, a, 0, pods)
+                             for i, (a, pods) in enumerate(gpus))),),
+    )  # fmt: skip
+
+
+def allocated(ledger: Ledger, node: str) -> list[int]:
+    s = ledger.effective(node)
+    assert s is not None
+    return [g.allocated for g in s.resources[0].gpus]
+
+
+def on(*keys: str) -> MappingProxyType[str, tuple[str, ...]]:
+    return MappingProxyType({SHARED: keys})
+
+
+def test_the_effective_state_is_published_minus_released_plus_assumed() -> None:
+    ledger = Ledger()
+    ledger.publish("n", "1", state([(2, ("gone",)), (0, ())]))
+    ledger.bound("gone", "n")
+    ledger.assume("new", "n", on("GPU-1", "GPU-1"), expires=10.0)
+    forgotten = ledger.forget("gone", None, expires=10.0)
+    assert forgotten.changed and forgotten.node == "n" and not forgotten.untold
+    assert allocated(ledger, "n") == [0, 2]
+    assert ledger.effective("elsewhere") is None
+
+
+@pytest.mark.parametrize(
+    ("second", "changed"),
+    [
+        pytest.param(state([(1, ("old",)), (0, ())], "2026-11-30T03:01:00Z"), False, id="a heartbeat changes nothing"),
+        pytest.param(state([(2, ("old", "x")), (0, ())]), True, id="new counts change the node"),
+    ],
+)
+def test_a_new_published_state_says_whether_the_node_changed(second: NodeState, changed: bool) -> None:
+    ledger = Ledger()
+    assert ledger.publish("n", "1", state([(1, ("old",)), (0, ())])).changed
+    assert ledger.publish("n", "2", second).changed is changed
+
+
+@pytest.mark.parametrize(
+    ("reported", "match"),
+    [
+        pytest.param([(2, ("old", "p")), (0, ())], True, id="reported where predicted: a match"),
+        pytest.param([(1, ("old",)), (1, ("p",))], False, id="reported elsewhere: a mismatch"),
+    ],
+)
+def test_an_assumed_pod_settles_when_its_node_lists_it(
+    reported: list[tuple[int, tuple[str, ...]]], match: bool
+) -> None:
+    ledger = Ledger()
+    ledger.publish("n", "1", state([(1, ("old",)), (0, ())]))
+    ledger.bound("p", "n")
+    assert not ledger.counted("p", "n")
+    ledger.assume("p", "n", on("GPU-0"), expires=10.0)
+    published = ledger.publish("n", "2", state(reported))
+    assert published.changed and [s.match for s in published.settled] == [match]
+    assert ledger.assumed == {} and ledger.counted("p", "n")
+    assert ("p" in ledger.placed) is match
+
+
+def test_expiry_ends_assumptions_and_releases_and_names_their_nodes() -> None:
+    ledger = Ledger()
+    ledger.publish("a", "1", state([(1, ("gone",)), (0, ())]))
+    ledger.bound("gone", "a")
+    ledger.forget("gone", None, expires=5.0)
+    ledger.assume("p", "b", on("GPU-0"), expires=10.0)
+    assert ledger.expire(4.0).nodes == frozenset()
+    first = ledger.expire(5.0)
+    assert first.released == (("a", "gone"),) and first.assumed == () and first.nodes == {"a"}
+    second = ledger.expire(10.0)
+    assert [a.uid for a in second.assumed] == ["p"] and second.nodes == {"b"}
+    assert ledger.counted("p", "b")  # expired: never assumed again
+    assert allocated(ledger, "a") == [1, 0]
+
+
+def test_a_gone_pod_whose_devices_the_counts_cannot_tell_is_untold() -> None:
+    ledger = Ledger()
+    ledger.publish("n", "1", state([(3, ("x", "p")), (2, ("y", "p"))]))
+    ledger.bound("p", "n")
+    forgotten = ledger.forget("p", None, expires=10.0)
+    assert forgotten.untold and not forgotten.changed
+    assert allocated(ledger, "n") == [3, 2]
