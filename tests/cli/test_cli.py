@@ -208,7 +208,8 @@ async def extender(server: FakeApiServer, kubeconfig: Path, tmp_short: Path) -> 
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sharepack.extender", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig),
         "--insecure-http", f"--state-max-age-seconds={MAX_AGE_S}",
-        "--node-policy", "packed", cwd=ROOT, stdout=log, stderr=asyncio.subprocess.STDOUT,
+        # Every feasible node passes (no best tier): what explain says of each node's knowledge.
+        "--node-policy", "packed", "--filter-tier-width=0", cwd=ROOT, stdout=log, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:

@@ -125,6 +125,7 @@ async def test_directed_gpus_are_honoured_where_they_fit_and_fall_back_with_a_re
         other = next(g for g in gpus if g not in policy_gpu)
         # Packed would put 2 more replicas beside the first; the directions say the other GPU.
         steered = await bind(api, "steered", node, 2, annotation=directions_for(node, {other: 2}))
+        # More devices than the pod requests: not what the extender writes (agent.directing too).
         too_many = await bind(api, "too-many", node, 1, annotation=directions_for(node, {other: 3}))
         elsewhere = await bind(api, "elsewhere", node, 1, annotation=directions_for("sim-node-00009", {other: 1}))
         garbled = await bind(api, "garbled", node, 1, annotation="{not json")
@@ -134,7 +135,7 @@ async def test_directed_gpus_are_honoured_where_they_fit_and_fall_back_with_a_re
             assert str(pod["metadata"]["uid"]) in fleet.nodes[node].pods  # admitted by the policy
         assert fleet.directed.honoured == 1
         assert {str(r): n for r, n in fleet.directed.fallbacks.items() if n} == {
-            "no-directions": 1, "unavailable": 1, "other-node": 1, "malformed": 1,
+            "no-directions": 1, "mismatched": 1, "other-node": 1, "malformed": 1,
         }
     finally:
         await stop(task)
