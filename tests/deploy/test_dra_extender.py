@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import kubernetes_validate
-import pytest
 import yaml
 
 from sharepack.extender import __main__ as extender_main
-from tests.deploy.test_manifests import DEPLOY, K8S_VERSION, KUBECTL
+from tests.conftest import kubectl
+from tests.deploy.test_manifests import DEPLOY, K8S_VERSION
 
 
 def dra_overlay(tmp: Path) -> Path:
@@ -30,11 +30,9 @@ def dra_overlay(tmp: Path) -> Path:
     return overlay
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed")
 def test_an_overlay_with_the_dra_extender_component_builds_and_grants_read_only_dra_access(tmp_path: Path) -> None:
-    assert KUBECTL is not None
     overlay = dra_overlay(tmp_path)
-    built = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    built = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
     for doc in docs:
