@@ -178,10 +178,21 @@ def preferred_allocation(
     `size`, or a must-include GPU that is not available), upstream answers an empty list and the
     kubelet picks devices itself; we raise `AllocationError` (RESOURCE_EXHAUSTED), as the shared
     path does. The kubelet never sends such a request, so only broken callers see the difference.
+
+    As upstream, the topology-aware path refuses an available or must-include ID that is not a
+    GPU of the resource (upstream's NVML lookup fails on it) rather than handing it back; the
+    shared path ignores unknown available IDs, as upstream's does.
     """
     if resource.full_gpu:
         # Ties go to the lowest GPU index, whatever order the kubelet's set listed the IDs in.
         index_of = {d.id: d.gpu_index for d in resource.devices}
+        for what, ids in (("available", available), ("required", must_include)):
+            for device_id in ids:
+                if device_id not in index_of:
+                    raise AllocationError(
+                        f"unable to retrieve list of {what} devices: "
+                        f"no device with uuid: {device_id}"
+                    )
         chosen = allocation.aligned_allocation(
             pair_scores, available, must_include, size, index_of=index_of
         )

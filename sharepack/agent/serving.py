@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+# Upstream's prefix for a refused GetPreferredAllocation (the status code stays ours).
+PREFERRED_PREFIX = "error getting list of preferred allocation devices: "
 
 
 class PluginLogic(Protocol):
@@ -72,10 +74,12 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
     def _logic(self) -> PluginLogic:
         return self._server.logic
 
-    async def _fail(self, context: grpc.aio.ServicerContext[object, object], what: str, exc: Exception) -> NoReturn:
+    async def _fail(
+        self, context: grpc.aio.ServicerContext[object, object], what: str, exc: Exception, *, prefix: str = ""
+    ) -> NoReturn:
         if isinstance(exc, SharepackError):
             log.warning("%s for %s refused: %s", what, self._logic.resource.name, exc)
-            message = str(exc)
+            message = prefix + str(exc)
         else:
             log.error("%s for %s failed", what, self._logic.resource.name, exc_info=exc)
             message = f"{what} for {self._logic.resource.name}: internal error: {exc!r}"
@@ -122,7 +126,8 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):
                         list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
                     )
                 except Exception as exc:  # noqa: BLE001 - mapped to a status code
-                    await self._fail(context, "preferred allocation", exc)
+                    # Upstream's wrapping: the kubelet shows it in the pod's admission error.
+                    await self._fail(context, "preferred allocation", exc, prefix=PREFERRED_PREFIX)
                 answers.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
             return api_pb2.PreferredAllocationResponse(container_responses=answers)
         finally:

@@ -27,6 +27,9 @@ Where we differ from upstream on purpose:
 
 * MIG instances are grouped by their parent GPU through `group_of` (upstream keys a MIG device
   by its own UUID, so `packed` cannot pack plain MIG there).
+* Must-include IDs are de-duplicated (first occurrence kept) before `size` is compared with
+  them; upstream counts and returns a repeated must-include ID once per occurrence, so
+  `["a::0", "a::0"]` with size 3 gets one pick there and two here. The kubelet sends a set.
 * An unknown policy name raises `ValueError`; upstream's `comparatorForPolicy` falls back to
   `distributed`. Config validation rejects unknown names at startup, so the fallback only hides
   caller bugs at this entry point.
@@ -61,6 +64,7 @@ __all__ = [
 ]
 
 NOT_ENOUGH_DEVICES = "not enough available devices to satisfy allocation"
+WSL_DEVICE_NODE = "/dev/dxg"
 
 Comparator = Callable[[int, int], tuple[int, int]]
 """Rank of one physical GPU from `(allocated, picked_from)`; the lowest rank is picked next.
@@ -303,10 +307,11 @@ def takes_aligned_path(
     """Whether a request goes to `aligned_allocation` rather than the shared greedy loop.
 
     As upstream: every device of the resource is a full GPU (its index has no `gpu:mig` colon,
-    no WSL `/dev/dxg` path) and no offered ID is a replica; the shared policy is then ignored.
+    no path that is exactly the WSL node `/dev/dxg`) and no offered ID is a replica; the shared
+    policy is then ignored.
     """
     return (
         all(":" not in index for index in indices)
-        and not any(path.startswith("/dev/dxg") for path in paths)
+        and not any(path == WSL_DEVICE_NODE for path in paths)
         and not any(REPLICA_SEPARATOR in device_id for device_id in available)
     )

@@ -321,6 +321,10 @@ async def test_preferred_allocation_that_cannot_be_met_is_resource_exhausted() -
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.GetPreferredAllocation(request)
             assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            # Upstream's text prefix; upstream's status code would be UNKNOWN (docs/policies.md).
+            assert (info.value.details() or "").startswith(
+                "error getting list of preferred allocation devices: not enough available devices"
+            )
             assert "nvidia.com/gpu wants 2 of 1 available" in (info.value.details() or "")
 
 

@@ -70,3 +70,39 @@ def test_full_gpus_take_the_topology_path_and_shared_the_policy() -> None:
     available = [d for d in shared.device_ids() if d not in held]
     assert preferred_allocation(shared, Policy.PACKED, {}, available, [], 1)[0].startswith(U1)
     assert preferred_allocation(shared, Policy.DISTRIBUTED, {}, available, [], 1)[0].startswith(U0)
+
+
+@pytest.mark.parametrize(
+    ("available", "required", "size", "message"),
+    [
+        pytest.param(
+            [U0, "GPU-unknown"], [], 2,
+            "unable to retrieve list of available devices: no device with uuid: GPU-unknown",
+            id="an offered id that is no gpu of the resource is refused as upstream refuses it",
+        ),
+        pytest.param(
+            [U0, U1], ["GPU-unknown"], 2,
+            "unable to retrieve list of required devices: no device with uuid: GPU-unknown",
+            id="a required id that is no gpu of the resource is refused as upstream refuses it",
+        ),
+        pytest.param(
+            [U0], [], 2, "not enough available devices to satisfy allocation: nvidia.com/gpu wants 2 of 1 available",
+            id="too few offered gpus is an error where upstream answers an empty list",
+        ),
+        pytest.param(
+            [U0, U1], [gpu_uuid(2)], 1,
+            "not enough available devices to satisfy allocation: nvidia.com/gpu wants 1 of 2 available",
+            id="a required gpu that is not offered is an error where upstream answers an empty list",
+        ),
+    ],
+)
+def test_topology_path_refusals(available: list[str], required: list[str], size: int, message: str) -> None:
+    (full,) = build_resources(plain_gpus(4), config())
+    with pytest.raises(AllocationError) as caught:
+        preferred_allocation(full, Policy.PACKED, {}, available, required, size)
+    assert str(caught.value) == message
+
+
+def test_topology_path_size_zero_gets_nothing_like_upstream() -> None:
+    (full,) = build_resources(plain_gpus(2), config())
+    assert preferred_allocation(full, Policy.PACKED, {}, [U0, U1], [], 0) == []

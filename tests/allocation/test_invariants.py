@@ -107,6 +107,24 @@ CASES = [
         Policy.PACKED, _replicas(a=2), _replicas(a=2), [], 0, None, [],
         id="a request of size zero gets nothing",
     ),
+    pytest.param(
+        Policy.PACKED, _replicas(a=2, b=2), _replicas(a=2, b=2), ["a::0", "a::0"], 2, None,
+        ["a::0", "a::1"],
+        id="a repeated must-include id counts once so packed still picks one device "
+        "where upstream answers a::0 twice",
+    ),
+    pytest.param(
+        Policy.DISTRIBUTED, _replicas(a=2, b=2), _replicas(a=2, b=2), ["a::0", "a::0"], 3, None,
+        ["a::0", "b::0", "a::1"],
+        id="a repeated must-include id counts once so distributed picks two devices "
+        "where upstream picks only b::0 after a::0 twice",
+    ),
+    pytest.param(
+        Policy.PACKED, _replicas(a=2), _replicas(a=2), ["GPU-x::0", "a::0"], 3, None,
+        ["GPU-x::0", "a::0", "a::1"],
+        id="a must-include id outside the resource is returned as is and counts toward the size "
+        "like upstream",
+    ),
 ]
 
 
@@ -195,3 +213,25 @@ def test_pick_gpus_rejects_duplicate_keys_and_impossible_loads() -> None:
 
 def test_packed_and_distributed_differ_on_the_same_input() -> None:
     assert allocation.pick_gpus("packed", LOADS, 3) != allocation.pick_gpus("distributed", LOADS, 3)
+
+
+@pytest.mark.parametrize(
+    ("indices", "paths", "available", "aligned"),
+    [
+        pytest.param(["0", "1"], ["/dev/nvidia0", "/dev/nvidia1"], ["GPU-0", "GPU-1"], True,
+                     id="plain full gpus take the topology-aware path"),
+        pytest.param(["0", "1"], ["/dev/dxg"], ["GPU-0", "GPU-1"], False,
+                     id="a device with the wsl node /dev/dxg sends the resource to the shared loop"),
+        pytest.param(["0", "1"], ["/dev/dxg0"], ["GPU-0", "GPU-1"], True,
+                     id="a path that only starts with /dev/dxg is not wsl since upstream compares "
+                     "the whole path"),
+        pytest.param(["0", "1:0"], ["/dev/nvidia0"], ["GPU-0", "MIG-1"], False,
+                     id="a mig index in the resource sends it to the shared loop"),
+        pytest.param(["0", "1"], ["/dev/nvidia0"], ["GPU-0::0", "GPU-1"], False,
+                     id="one replica among the offered ids sends the request to the shared loop"),
+    ],
+)
+def test_takes_aligned_path(
+    indices: list[str], paths: list[str], available: list[str], aligned: bool
+) -> None:
+    assert allocation.takes_aligned_path(indices, paths, available) is aligned
