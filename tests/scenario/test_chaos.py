@@ -93,10 +93,10 @@ def test_a_fault_window_mutes_only_its_own_scope_and_lasts_the_settle_time() -> 
 
 def test_the_prediction_tail_reads_whole_lines_once_and_keeps_each_pods_first(tmp_path: Path) -> None:
     log = tmp_path / "extender.log"
-    prefix = "2026-01-01 00:00:00,000 INFO extender.predictionlog: prediction "
+    prefix = "2026-01-01 00:00:00,000 INFO sharepack.extender.predictionlog: prediction "
     log.write_text(
         prefix + '{"uid": "a", "node": "n0", "gpus": {"r": ["G1"]}, "t": 20}\n'
-        "2026-01-01 00:00:00,000 INFO extender.caches: something else\n"
+        "2026-01-01 00:00:00,000 INFO sharepack.extender.caches: something else\n"
         + prefix + '{"uid": "b", "node": "n1", "gpus": {"r": ["G2"]}, '  # still being written
     )
     (tmp_path / "extender-1.log").write_text(prefix + '{"uid": "a", "node": "n0", "gpus": {"r": ["G9"]}, "t": 10}\n')
