@@ -45,10 +45,10 @@ def test_a_logged_prediction_reads_back_as_it_was_made(lines: io.StringIO) -> No
 @pytest.mark.parametrize(
     "line",
     [
-        "2026-01-01 00:00:00,000 INFO extender.caches: prediction missed for pod u on node n",
-        "2026-01-01 00:00:00,000 INFO extender.predictionlog: prediction {not json",
-        '2026-01-01 00:00:00,000 INFO extender.predictionlog: prediction {"uid": "u"}',
-        '2026-01-01 00:00:00,000 INFO extender.predictionlog: prediction {"uid": "u", "node": "n", "gpus": [], "t": 1}',
+        "2026-01-01 00:00:00,000 INFO sharepack.extender.caches: prediction missed for pod u on node n",
+        "2026-01-01 00:00:00,000 INFO sharepack.extender.predictionlog: prediction {not json",
+        '2026-01-01 00:00:00,000 INFO sharepack.extender.predictionlog: prediction {"uid": "u"}',
+        '2026-01-01 00:00:00,000 INFO sharepack.extender.predictionlog: prediction {"uid": "u", "node": "n", "gpus": [], "t": 1}',
     ],
 )
 def test_other_or_garbled_lines_are_not_predictions(line: str) -> None:
