@@ -15,10 +15,13 @@ checked; the first that fails names the refusal:
 3. `pod-gone`: the pod read has the UID asked for and is not being deleted.
 4. `scheduler-not-served`: its `spec.schedulerName` is one this extender serves.
 5. `already-bound`: it has no `spec.nodeName` yet.
-6. `no-gpu-request`: it requests a resource some agent publishes, unless this extender ranks
-   every pod (as shipped: the CPU-aware `packed` places CPU-only pods too, and kube-scheduler
-   sends it every pod). Otherwise kube-scheduler sends no other pod to us (`managedResources`),
-   and whatever else a caller names is none of our business.
+6. `no-gpu-request`: it requests a resource some agent publishes. The extender ranks every
+   pod (as shipped, the CPU-aware `packed` places CPU-only pods too) but binds only GPU pods:
+   the shipped configuration names it twice, a ranking entry with no `managedResources` and a
+   bind-only entry whose `managedResources` are the GPU resources, so kube-scheduler binds
+   every other pod itself and never sends it here. A /bind for one is forged (security issue
+   24.2: a forged /filter must not let a holder of the scheduler's client certificate bind a
+   CPU-only pod to a node the scheduler's own filters would reject).
 7. `not-scored`: this extender filtered or prioritized that UID in the last `ttl_s` seconds.
 8. `node-not-feasible`: the node was among those that filter kept (after a prioritize alone:
    among the nodes offered), and the filter passes the pod's real request on it now.
@@ -195,7 +198,7 @@ class BindGuard:
         if pod.node_name:
             return Refusal(Rule.ALREADY_BOUND, f"{where} is already bound to node {pod.node_name}")
         request = self.view.relevant(podrequests.pod_request(pod, self.managed))
-        if request.empty and not self.view.ranks_every_pod:
+        if request.empty:
             return Refusal(Rule.NO_GPU, f"{where} requests no resource an agent publishes: it is not this "
                                         "extender's to bind")  # fmt: skip
         if record is not None:

@@ -147,8 +147,11 @@ class SchedulerDriver:
 
         scores: dict[str, int] = {n: 0 for n in feasible}
         ext = self._extender
-        # kube-scheduler calls an extender (filter, prioritize, and bind) only for pods that
-        # request one of its managedResources (`IsInterested`).
+        # kube-scheduler calls an extender entry only for pods that request one of its
+        # managedResources (`IsInterested`). As shipped (deploy/scheduler), the bind-only entry
+        # lists the GPU resources, so /bind goes to the extender for GPU pods only and
+        # kube-scheduler binds the rest itself; the ranking entry lists none (every pod), which
+        # this driver, whose pods request GPUs, does not need to model.
         interested = ext is not None and any(r.startswith(ext.managed_prefixes) for r in request.resources)
         if ext is not None and feasible and interested:
             try:

@@ -140,13 +140,16 @@ def parse_config(text: str, source: str) -> SchedulerConfig:
             balanced_resources = _resources(args.get("resources"), source, BALANCED)
     extender_weight, all_pods = None, False
     extenders = doc.get("extenders") or []
-    if len(extenders) > 1:
-        raise PolicyError(f"invalid {source}: {len(extenders)} extenders: the model has one")
-    if extenders and extenders[0].get("prioritizeVerb"):
-        extender_weight = extenders[0].get("weight")
+    # An entry with neither filterVerb nor prioritizeVerb (as shipped: the bind-only entry, for
+    # GPU pods) places nothing: it changes nothing in the model.
+    ranking = [e for e in extenders if isinstance(e, dict) and (e.get("filterVerb") or e.get("prioritizeVerb"))]
+    if len(ranking) > 1:
+        raise PolicyError(f"invalid {source}: {len(ranking)} ranking extenders: the model has one")
+    if ranking and ranking[0].get("prioritizeVerb"):
+        extender_weight = ranking[0].get("weight")
         if not isinstance(extender_weight, int) or extender_weight <= 0:
             raise PolicyError(f"invalid {source}: extender weight {extender_weight!r}: want a positive integer")
-        all_pods = not extenders[0].get("managedResources")
+        all_pods = not ranking[0].get("managedResources")
     return SchedulerConfig(
         strategy, fit_resources, weights[FIT], balanced_resources, weights[BALANCED], extender_weight, all_pods
     )

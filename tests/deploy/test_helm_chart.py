@@ -199,6 +199,19 @@ def test_scheduler_configmap_holds_the_deployed_extender_stanza(helm: Path) -> N
     assert rendered == deployed
 
 
+def test_a_ranking_list_of_the_gpu_resources_makes_one_entry_that_also_binds(helm: Path) -> None:
+    """scheduler.managedResources non-empty: only the GPU resources' pods are ranked, and they are
+    the ones the extender binds, so one entry carries all three verbs (two entries may not list
+    the same resource)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    gpu = values["scheduler"]["bindResources"]
+    docs = _by_key(_render(helm, sets=("scheduler.enabled=true", "scheduler.managedResources={" + ",".join(gpu) + "}")))
+    text = docs[("ConfigMap", "sharepack-system", "sharepack-scheduler-config")]["data"]["config.yaml"]
+    (ext,) = yaml.safe_load(text)["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert [r["name"] for r in ext["managedResources"]] == gpu
+
+
 def test_named_configs_become_configmap_keys_the_agent_loads(helm: Path) -> None:
     docs = _by_key(_render(helm, "second-scheduler-values.yaml"))
     data = docs[AGENT_CONFIGMAP]["data"]
@@ -257,9 +270,10 @@ def test_tls_secret_ports_and_scheduler_sources_come_from_values(helm: Path) -> 
          "ports": [{"port": 8443, "protocol": "TCP"}]},
     ]  # fmt: skip
     stanza = yaml.safe_load(docs[("ConfigMap", "sharepack-system", "sharepack-scheduler-config")]["data"]["config.yaml"])
-    (ext,) = stanza["extenders"]
-    assert ext["urlPrefix"] == "https://sharepack-extender.sharepack-system.svc:8443"
-    assert ext["tlsConfig"]["serverName"] == "sharepack-extender.sharepack-system.svc"
+    ranking, binder = stanza["extenders"]
+    for ext in (ranking, binder):
+        assert ext["urlPrefix"] == "https://sharepack-extender.sharepack-system.svc:8443"
+        assert ext["tlsConfig"]["serverName"] == "sharepack-extender.sharepack-system.svc"
 
 
 def test_without_directed_gpus_the_extender_may_not_write_pods_at_all(helm: Path) -> None:
@@ -313,6 +327,8 @@ def test_custom_namespace_reaches_every_object_and_the_admission_rule(helm: Path
         (("extender.schedulerCIDRs={10.0.0.1}",), "at '/extender/schedulerCIDRs/0': '10.0.0.1' does not match pattern"),
         (("extender.tls.secretName=Extender_TLS",), "at '/extender/tls/secretName': 'Extender_TLS' does not match pattern"),
         (("scheduler.tls.caFile=ca.crt",), "at '/scheduler/tls/caFile': 'ca.crt' does not match pattern"),
+        (("scheduler.enabled=true", "scheduler.managedResources={nvidia.com/gpu}"),
+         "scheduler.managedResources: kube-scheduler rejects a resource two extender entries list"),
     ],
     ids=lambda v: str(v),
 )

@@ -202,20 +202,33 @@ def test_extender_port_probes_service_and_scheduler_config_agree() -> None:
     for probe in ("readinessProbe", "livenessProbe"):
         assert named[container[probe]["httpGet"]["port"]] == int(probes.rsplit(":", 1)[1])
     sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
-    ext = sched["extenders"][0]
-    assert ext["urlPrefix"] == f"https://sharepack-extender.sharepack-system.svc:{port}"
-    assert ext["nodeCacheCapable"] is True and sched["percentageOfNodesToScore"] == 100
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    ranking, binder = sched["extenders"]
+    for ext in (ranking, binder):
+        assert ext["urlPrefix"] == f"https://sharepack-extender.sharepack-system.svc:{port}"
+        assert ext["nodeCacheCapable"] is True
+    assert sched["percentageOfNodesToScore"] == 100
+    assert (ranking["filterVerb"], ranking["prioritizeVerb"], ranking.get("bindVerb")) == ("filter", "prioritize", None)
+    assert (binder.get("filterVerb"), binder.get("prioritizeVerb"), binder["bindVerb"]) == (None, None, "bind")
 
 
 def _reaches_extender() -> Callable[[str], bool]:
-    """Which resources' pods kube-scheduler sends to the extender: those `managedResources`
-    lists, or every pod when it lists none (as shipped)."""
+    """Which resources' pods kube-scheduler sends to the extender for ranking: those the ranking
+    entry's `managedResources` lists, or every pod when it lists none (as shipped)."""
     sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
-    listed = sched["extenders"][0].get("managedResources")
+    (ranking,) = [e for e in sched["extenders"] if e.get("filterVerb") or e.get("prioritizeVerb")]
+    listed = ranking.get("managedResources")
     if not listed:
         return lambda name: True
     return {r["name"] for r in listed}.__contains__
+
+
+def _bound_by_extender() -> Callable[[str], bool]:
+    """Which resources' pods kube-scheduler sends to the extender's /bind: those the one entry
+    with a bindVerb lists in `managedResources` (as shipped, a bind-only entry); kube-scheduler
+    binds every other pod itself."""
+    sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    (binder,) = [e for e in sched["extenders"] if e.get("bindVerb")]
+    return {r["name"] for r in binder["managedResources"]}.__contains__
 
 
 def test_scheduler_config_manages_every_resource_the_agents_publish() -> None:
@@ -225,13 +238,39 @@ def test_scheduler_config_manages_every_resource_the_agents_publish() -> None:
     profiles += ("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
     expected |= {agent_config.MIG_RESOURCE_PREFIX + p for p in profiles}
     assert all(map(reaches, expected)), f"not managed: {sorted(r for r in expected if not reaches(r))}"
+    bound = _bound_by_extender()
+    assert all(map(bound, expected)), f"not bound by the extender: {sorted(r for r in expected if not bound(r))}"
+
+
+def test_the_shipped_config_has_one_ranking_entry_for_every_pod_and_one_binder_for_gpu_pods() -> None:
+    """kube-scheduler sends /bind to one extender entry only, for the pods it is interested in:
+    the bind-only entry lists exactly the GPU resources, so CPU-only pods (which the bind guard
+    refuses, `no-gpu-request`) are bound by kube-scheduler; the ranking entry lists none, so
+    every pod is ranked. kube-scheduler rejects a resource listed by two entries."""
+    sched = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    binders = [e for e in sched["extenders"] if e.get("bindVerb")]
+    rankers = [e for e in sched["extenders"] if e.get("filterVerb") or e.get("prioritizeVerb")]
+    assert len(sched["extenders"]) == 2 and len(binders) == 1 and len(rankers) == 1
+    (binder,), (ranker,) = binders, rankers
+    assert binder is not ranker and "managedResources" not in ranker
+    gpu = {agent_config.GPU_RESOURCE, agent_config.GPU_RESOURCE + agent_config.SHARED_SUFFIX}
+    profiles = ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+    profiles += ("1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+    gpu |= {agent_config.MIG_RESOURCE_PREFIX + p for p in profiles}
+    names = [r["name"] for r in binder["managedResources"]]
+    assert len(names) == len(set(names)) and set(names) == gpu
+    assert all(r["ignoredByScheduler"] is False for r in binder["managedResources"])
+    assert set(binder) == {"urlPrefix", "bindVerb", "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable",
+                           "ignorable", "managedResources"}  # fmt: skip
+    for key in ("urlPrefix", "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "ignorable"):
+        assert binder[key] == ranker[key], key
 
 
 @pytest.mark.parametrize("machine", nvmlsim.builtin_names())
 def test_every_resource_a_deployed_config_serves_on_a_simulated_machine_is_managed(machine: str) -> None:
     """What the agents actually publish, from the ConfigMaps in deploy/ on each built-in machine,
     not a list kept by hand next to the scheduler config."""
-    reaches = _reaches_extender()
+    reaches, bound = _reaches_extender(), _bound_by_extender()
     lib = nvml.load_library(machine)
     try:
         inventory = nvml.read_inventory(lib)
@@ -246,6 +285,8 @@ def test_every_resource_a_deployed_config_serves_on_a_simulated_machine_is_manag
             served = {r.name for r in resources.build_resources(inventory, cfg)}
             unmanaged = sorted(r for r in served if not reaches(r))
             assert not unmanaged, f"{where} on {machine} serves unmanaged {unmanaged}"
+            unbound = sorted(r for r in served if not bound(r))
+            assert not unbound, f"{where} on {machine} serves {unbound}, which the extender does not bind"
 
 
 def _accounts(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:

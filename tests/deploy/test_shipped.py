@@ -53,10 +53,11 @@ def test_the_agents_allocate_as_shipped() -> None:
 
 def test_the_scheduler_sends_every_pod_with_the_shipped_weight() -> None:
     doc = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
-    (extender,) = doc["extenders"]
+    extender, binder = doc["extenders"]  # the ranking entry, then the bind-only one
     assert extender["weight"] == shipped.EXTENDER_WEIGHT
     assert ("managedResources" not in extender) == shipped.EVERY_POD
     assert extender["ignorable"] is True  # an extender outage must not stop scheduling
+    assert binder["bindVerb"] == "bind" and binder["ignorable"] is True and binder["managedResources"]
 
 
 def test_the_helm_values_are_the_shipped_ones() -> None:

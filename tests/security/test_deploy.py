@@ -47,9 +47,15 @@ def flag(container: dict[str, Any], name: str) -> str:
     return value
 
 
+def stanzas() -> list[dict[str, Any]]:
+    """Every extender entry (as shipped: the ranking one, then the bind-only one), one URL."""
+    exts: list[dict[str, Any]] = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())["extenders"]
+    return exts
+
+
 def stanza() -> dict[str, Any]:
-    ext: dict[str, Any] = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())["extenders"][0]
-    return ext
+    (url,) = {e["urlPrefix"] for e in stanzas()}
+    return next(e for e in stanzas() if e["urlPrefix"] == url)
 
 
 def policy(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -91,12 +97,12 @@ def test_the_extender_serves_mutual_tls_from_the_secret_it_mounts() -> None:
 
 
 def test_the_scheduler_stanza_presents_a_client_certificate_over_https() -> None:
-    ext = stanza()
-    assert ext["enableHTTPS"] is True and ext["urlPrefix"].startswith("https://")
-    assert set(ext["tlsConfig"]) == {"certFile", "keyFile", "caFile"}  # v1 ExtenderTLSConfig names
-    assert [PurePosixPath(ext["tlsConfig"][k]).name for k in ("certFile", "keyFile", "caFile")] == [
-        "scheduler.crt", "scheduler.key", "ca.crt",
-    ]  # fmt: skip
+    for ext in stanzas():  # the ranking entry and the bind-only one alike
+        assert ext["enableHTTPS"] is True and ext["urlPrefix"].startswith("https://")
+        assert set(ext["tlsConfig"]) == {"certFile", "keyFile", "caFile"}  # v1 ExtenderTLSConfig names
+        assert [PurePosixPath(ext["tlsConfig"][k]).name for k in ("certFile", "keyFile", "caFile")] == [
+            "scheduler.crt", "scheduler.key", "ca.crt",
+        ]  # fmt: skip
 
 
 def certificate_commands() -> str:

@@ -79,6 +79,13 @@ def test_the_built_in_configuration_is_the_deployed_one() -> None:
     assert deployed.extender_weight == 5 and deployed.fit_strategy == "LeastAllocated"
 
 
+def test_a_bind_only_extender_entry_changes_nothing_in_the_model() -> None:
+    ranking = "kind: KubeSchedulerConfiguration\npercentageOfNodesToScore: 100\nextenders:\n- {prioritizeVerb: p, weight: 3}\n"
+    binder = "- {bindVerb: bind, managedResources: [{name: nvidia.com/gpu, ignoredByScheduler: false}]}\n"
+    alone, both = ks.parse_config(ranking, "a.yaml"), ks.parse_config(ranking + binder, "b.yaml")
+    assert alone == both and both.extender_weight == 3 and both.extender_all_pods
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -89,6 +96,8 @@ def test_the_built_in_configuration_is_the_deployed_one() -> None:
          "scoringStrategy 'RequestedToCapacityRatio'"),
         ("kind: KubeSchedulerConfiguration\npercentageOfNodesToScore: 100\nextenders:\n"
          "- {prioritizeVerb: prioritize, weight: 0}\n", "extender weight 0"),
+        ("kind: KubeSchedulerConfiguration\npercentageOfNodesToScore: 100\nextenders:\n"
+         "- {prioritizeVerb: prioritize, weight: 5}\n- {filterVerb: filter}\n", "2 ranking extenders"),
     ],
 )  # fmt: skip
 def test_a_configuration_the_model_cannot_follow_is_refused(text: str, message: str) -> None:

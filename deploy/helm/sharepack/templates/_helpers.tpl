@@ -32,3 +32,20 @@ sharing:
 {{- define "sharepack.kubeletDir" -}}
 {{ trimSuffix "/" .Values.agent.kubeletRootDir }}
 {{- end }}
+
+{{/* The scheduler configuration's extender entries share these: mutual TLS (the extender
+serves the verbs only to a client certificate its CA signed), timeout, names-only node cache,
+and ignorable (an extender outage must not stop scheduling). */}}
+{{- define "sharepack.schedulerExtenderConnection" -}}
+enableHTTPS: true
+tlsConfig:
+  certFile: {{ .Values.scheduler.tls.certFile }}
+  keyFile: {{ .Values.scheduler.tls.keyFile }}
+  caFile: {{ .Values.scheduler.tls.caFile }}
+  {{- with .Values.scheduler.tls.serverName }}
+  serverName: {{ . }}
+  {{- end }}
+httpTimeout: {{ .Values.scheduler.httpTimeout }}
+nodeCacheCapable: true
+ignorable: true
+{{- end }}
