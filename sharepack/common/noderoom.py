@@ -76,18 +76,23 @@ def _requests(container: Any, where: str) -> tuple[int, int]:
     return _amount(requests, CPU, where, up=True), _amount(requests, MEMORY, where, up=True)
 
 
+def _list(value: Any) -> list[Any]:
+    """A container list, or none for anything else (the pod decoder names that error)."""
+    return value if isinstance(value, list) else []
+
+
 def pod_requests(doc: Any) -> tuple[int, int]:
     """(milli-CPU, MiB) the pod requests as kube-scheduler counts it (0, 0 for anything but a pod)."""
     spec = doc.get("spec") if isinstance(doc, Mapping) else None
     if not isinstance(spec, Mapping):
         return 0, 0
     apps = [0, 0]
-    for i, c in enumerate(spec.get("containers") or ()):
+    for i, c in enumerate(_list(spec.get("containers"))):
         for k, v in enumerate(_requests(c, f"spec.containers[{i}].resources.requests")):
             apps[k] += v
     sidecars = [0, 0]
     init_peak = [0, 0]
-    for i, c in enumerate(spec.get("initContainers") or ()):
+    for i, c in enumerate(_list(spec.get("initContainers"))):
         got = _requests(c, f"spec.initContainers[{i}].resources.requests")
         restartable = isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
         for k, v in enumerate(got):

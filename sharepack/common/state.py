@@ -143,14 +143,16 @@ def from_status(doc: Any, *, source: str = "status") -> NodeState:
             raise StateSchemaError(f"invalid NodeGpuState {where}: not an object")
         gpus = []
         for j, g in enumerate(_field(r, "gpus", list, where)):
-            # The watch path decodes every write of every node: a well-formed GPU (plain types,
-            # checked inline) skips the per-field checks below, which name the bad field.
+            # The watch path decodes every write of every node: a well-formed GPU (plain types and
+            # possible counts, checked inline) skips the per-field checks below, which name the
+            # bad field or count.
             if type(g) is dict:
                 key, total, allocated, unhealthy = g.get("key"), g.get("total"), g.get("allocated"), g.get("unhealthy")
                 pods = g.get("pods", ())
                 if (
                     type(key) is str and type(total) is int and type(allocated) is int
                     and type(unhealthy) is int and type(pods) in (list, tuple)
+                    and 0 <= allocated and 0 <= unhealthy and allocated + unhealthy <= total <= MAX_DEVICES_PER_GPU
                 ):  # fmt: skip
                     gpus.append(
                         GpuState(key, str(g.get("index", "")), str(g.get("product", "")), total, allocated,

@@ -180,13 +180,15 @@ EXTENDER_MAY = [
     ("watch", "nodegpustates", GROUP, "", "", ""), ("get", "pods", "", "", "default", ""),
     ("list", "pods", "", "", "", ""), ("watch", "pods", "", "", "", ""),
     ("create", "pods", "", "binding", "default", ""),
+    # Nodes' allocatable CPU and memory: the CPU-aware ranks (issue 19).
+    ("get", "nodes", "", "", "", ""), ("list", "nodes", "", "", "", ""), ("watch", "nodes", "", "", "", ""),
 ]  # fmt: skip
 EXTENDER_MAY_NOT = [
     ("create", "nodegpustates", GROUP, "", "", ""), ("update", "nodegpustates", GROUP, "status", "", ""),
     ("delete", "nodegpustates", GROUP, "", "", ""), ("create", "pods", "", "", "default", ""),
     ("update", "pods", "", "", "default", ""), ("delete", "pods", "", "", "default", ""),
     ("patch", "pods", "", "status", "default", ""), ("get", "secrets", "", "", NAMESPACE, ""),
-    ("list", "nodes", "", "", "", ""), ("create", "events", "", "", "default", ""),
+    ("update", "nodes", "", "", "", ""), ("create", "events", "", "", "default", ""),
     ("patch", "nodes", "", "", "", ""), ("create", "pods", "", "exec", "default", ""),
     ("create", "pods", "", "eviction", "default", ""), ("create", "serviceaccounts", "", "token", NAMESPACE, "sharepack-extender"),
 ]  # fmt: skip
