@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SIM_ONLY = ("numpy", "matplotlib")
 SANDBOX_ONLY = ("cryptography", "kubernetes-validate")
@@ -86,26 +88,26 @@ def test_numpy_and_matplotlib_come_with_the_sim_extra_which_the_tests_pull_in() 
     assert "sharepack[sim,sandbox]" in extras["test"]
 
 
-def test_the_simulator_without_its_extra_says_what_to_install() -> None:
-    blocked = "import sys; sys.modules['numpy'] = None; sys.modules['matplotlib'] = None\n"
-    run = blocked + "from sharepack.tracesim.__main__ import main; sys.exit(main(['--quiet']))"
+@pytest.mark.parametrize(
+    ("blocked", "entry", "stderr"),
+    [
+        pytest.param(
+            ("numpy", "matplotlib"), "from sharepack.tracesim.__main__ import main; sys.exit(main(['--quiet']))",
+            "sharepack-simulate: needs numpy, matplotlib, which a plain install leaves out: pip install 'sharepack[sim]'\n",
+            id="the simulator without its extra says what to install",
+        ),
+        pytest.param(
+            ("cryptography", "kubernetes_validate"), "from sharepack.sandbox.entrypoints import demo; sys.exit(demo())",
+            "sharepack-demo: needs cryptography, kubernetes_validate, which a plain install leaves out: "
+            "pip install 'sharepack[sandbox]'\n",
+            id="the demo without its extra says what to install",
+        ),
+    ],
+)
+def test_a_script_without_its_extra_says_what_to_install(blocked: tuple[str, ...], entry: str, stderr: str) -> None:
+    run = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked) + entry
     done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert done.returncode == 2
-    assert done.stderr == (
-        "sharepack-simulate: needs numpy, matplotlib, which a plain install leaves out: "
-        "pip install 'sharepack[sim]'\n"
-    )
-
-
-def test_the_demo_without_its_extra_says_what_to_install() -> None:
-    blocked = "import sys; sys.modules['cryptography'] = None; sys.modules['kubernetes_validate'] = None\n"
-    run = blocked + "from sharepack.sandbox.entrypoints import demo; sys.exit(demo())"
-    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert done.returncode == 2
-    assert done.stderr == (
-        "sharepack-demo: needs cryptography, kubernetes_validate, which a plain install leaves out: "
-        "pip install 'sharepack[sandbox]'\n"
-    )
+    assert (done.returncode, done.stderr) == (2, stderr)
 
 
 def test_the_wheel_installs_one_import_name_into_a_fresh_environment(tmp_path: Path) -> None:
