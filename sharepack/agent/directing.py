@@ -26,11 +26,17 @@ device IDs and the size, so the `Director` works out which pod it is for:
   request of the same pod moves on to its next container.
 * Several matches (a burst bound several pods with the same request to this node): a pod
   some of whose containers were answered already is the one (the kubelet finishes a pod before
-  the next); else the kubelet admits in the order it learnt of the pods, oldest creation first
-  (`HandlePodAdditions` sorts each batch by creation time), so the pod created first, then bound
-  first (lowest `resourceVersion`), is taken. Only when that order cannot tell (equal keys) does
-  the node's policy answer (`ambiguous`). No match: wait up to `wait_s` for the pod watch to
-  catch up with the kubelet (it sees the binding through its own watch), then fall back.
+  the next); else the one the kubelet learnt of first. The kubelet's pod source hands it each
+  pod its watch brings as an addition of its own, so it admits pods bound while it runs in the
+  order they were bound (`HandlePodAdditions` sorts by creation time only within one batch,
+  which is one pod then). The agent's watch brings the same bindings in the same order (one API
+  server, ordered by `resourceVersion`), so the pod this Director saw first is taken, and of
+  pods first seen together, the one bound first (lowest `resourceVersion`: a pending pod is not
+  written between its binding and its admission). Creation time is no guide: a pod created
+  earlier whose first attempts failed is bound later, and ordering by it swapped look-alike pods'
+  GPUs. Only when that order cannot tell (equal keys) does the node's policy answer
+  (`ambiguous`). No match: wait up to `wait_s` for the pod watch to catch up with the kubelet
+  (it sees the binding through its own watch), then fall back.
 
 Never an error for the kubelet: a bad annotation, an unknown pod or a missing GPU is a fallback
 to the node's policy, which is what the agent did before directions existed.
@@ -94,7 +100,7 @@ class _Match:
     why_not: Fallback | None = None  # with keys None
     detail: str = ""
     started: bool = False  # some of the pod's containers were answered already
-    order: tuple[str, int] = ("", 0)  # (creationTimestamp, resourceVersion): the kubelet's order
+    order: tuple[int, int] = (0, 0)  # (first seen, resourceVersion): the kubelet's order
 
 
 PodSource = Callable[[], Iterable[Mapping[str, Any]]]
@@ -110,6 +116,8 @@ class Director:
         self._pods: PodSource | None = None
         self._listed: ListedSource = frozenset
         self._answered: dict[str, set[tuple[str, str]]] = {}  # pod UID -> (container, resource)
+        self._seen: dict[str, int] = {}  # pod UID -> the look at the pods that first showed it
+        self._looks = 0
         # device ID -> UID of the pod it was directed to, newest last (for the publisher).
         self._holders: collections.OrderedDict[str, str] = collections.OrderedDict()
 
@@ -181,10 +189,12 @@ class Director:
         listed = self._listed()
         present: set[str] = set()
         out: list[_Match] = []
+        self._looks += 1
         for obj in self._pods():
             meta = obj.get("metadata") or {}
             uid = str(meta.get("uid") or "")
             present.add(uid)
+            seen = self._seen.setdefault(uid, self._looks)
             phase = str((obj.get("status") or {}).get("phase") or "")
             if not uid or phase not in PENDING_PHASES or meta.get("deletionTimestamp"):
                 continue
@@ -195,10 +205,12 @@ class Director:
             m = self._match(obj, uid, f"{ns}/{name}", answered or set(), resource, reused, size)
             if m is not None:
                 rv = str(meta.get("resourceVersion") or "")
-                order = (str(meta.get("creationTimestamp") or ""), int(rv) if rv.isdigit() else 0)
+                order = (seen, int(rv) if rv.isdigit() else 0)
                 out.append(dataclasses.replace(m, started=bool(answered), order=order))
         for gone in self._answered.keys() - present:
             del self._answered[gone]
+        for gone in self._seen.keys() - present:
+            del self._seen[gone]
         return out
 
     def _match(

@@ -161,13 +161,14 @@ async def test_an_answered_pod_leaves_the_way_for_the_next_one() -> None:
 
 
 async def test_of_several_pending_pods_the_one_the_kubelet_admits_first_is_directed() -> None:
-    """A burst bound three one-replica pods to the node: the kubelet admits them oldest first
-    (creation time, then the bind's resourceVersion), and finishes a started pod first."""
+    """A burst bound three one-replica pods to the node: the kubelet admits them in the order
+    they were bound (its watch's order: lowest resourceVersion first), whenever each was
+    created, and finishes a started pod first."""
     t0, t1 = "2026-12-01T10:00:00Z", "2026-12-01T10:00:01Z"
     pods = [
-        pod("late", ("main", 1), ann=annotation(NODE, ("main", [G1])), created=t1, rv="7"),
+        pod("late", ("main", 1), ann=annotation(NODE, ("main", [G1])), created=t0, rv="10"),
         pod("second", ("main", 1), ann=annotation(NODE, ("main", [G0])), created=t0, rv="9"),
-        pod("first", ("main", 1), ann=annotation(NODE, ("init", [G0]), ("main", [G1])), created=t0, rv="8",
+        pod("first", ("main", 1), ann=annotation(NODE, ("init", [G0]), ("main", [G1])), created=t1, rv="8",
             init=(("init", 1),)),
     ]  # fmt: skip
     d = director(pods)
@@ -177,6 +178,31 @@ async def test_of_several_pending_pods_the_one_the_kubelet_admits_first_is_direc
     assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G0}::1"]  # second
     assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G1}::0"]  # late
     assert d.counters.honoured == 4
+
+
+async def test_look_alike_pods_created_in_one_order_and_bound_in_the_other_keep_their_own_gpus() -> None:
+    """The chaos soak's misses: `older` was created first, failed to schedule, and was bound
+    after `newer`. The kubelet admits `newer` first (bind order), so the first request is
+    newer's; ordering by creation time used to hand it older's GPU, and the two swapped."""
+    older = pod("older", ("main", 1), ann=annotation(NODE, ("main", [G1])), created="2026-12-01T10:00:00Z", rv="41")
+    newer = pod("newer", ("main", 1), ann=annotation(NODE, ("main", [G0])), created="2026-12-01T10:00:03Z", rv="40")
+    d = director([older, newer])
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G0}::0"]
+    assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G1}::0"]
+    assert d.holders() == {f"{G0}::0": "uid-newer", f"{G1}::0": "uid-older"}
+
+
+async def test_a_pod_seen_first_goes_first_though_written_after_its_binding() -> None:
+    """The watch brought `first` before `second`; an update to `first` since (a label, say)
+    gave it the higher resourceVersion. The order the Director first saw them in still holds."""
+    pods = [pod("first", ("main", 1), ann=annotation(NODE, ("main", [G1])), rv="50")]
+    d = director(pods)
+    assert await d.choose(resource(), ALL, [], 2) is None  # a look at the pods: first is seen
+    pods[0] = pod("first", ("main", 1), ann=annotation(NODE, ("main", [G1])), rv="60")
+    pods.append(pod("second", ("main", 1), ann=annotation(NODE, ("main", [G0])), rv="55"))
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G1}::0"]
+    assert await d.choose(resource(), [x for x in ALL if x != f"{G1}::0"], [], 1) == [f"{G0}::0"]
+    assert d.counters.honoured == 2
 
 
 async def test_it_waits_for_the_pod_watch_to_catch_up_with_the_kubelet() -> None:
