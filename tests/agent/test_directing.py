@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from sharepack.agent import options
+from sharepack.agent import options, registering
 from sharepack.agent.directing import Director, Fallback
 from sharepack.agent.errors import OptionsError
 from sharepack.common import directions
 from sharepack.common.directions import ContainerDirections, Directions
 from sharepack.common.resources import Resource, build_resources
-from tests.agent.harness import config, gpu_uuid, plain_gpus, time_slicing
+from sharepack.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from tests.agent.harness import config, fake_kubelet, gpu_uuid, plain_gpus, running_agent, time_slicing
 
 NODE = "node-a"
 RES = "nvidia.com/gpu"
@@ -203,6 +206,51 @@ async def test_a_pod_seen_first_goes_first_though_written_after_its_binding() ->
     assert await d.choose(resource(), ALL, [], 1) == [f"{G1}::0"]
     assert await d.choose(resource(), [x for x in ALL if x != f"{G1}::0"], [], 1) == [f"{G0}::0"]
     assert d.counters.honoured == 2
+
+
+async def test_the_devices_directed_to_pods_still_to_come_are_spoken_for() -> None:
+    pods = [
+        pod("undirected", ("main", 1), rv="1"),
+        pod("next", ("main", 1), ann=annotation(NODE, ("main", [G1])), rv="2"),
+        pod("pair", ("main", 2), ann=annotation(NODE, ("main", [G0, G1])), rv="3"),
+        pod("forged", ("main", 1), ann=annotation(NODE, ("ghost", [G0, G0, G0])), rv="4"),  # believed nowhere
+    ]
+    d = director(pods)
+    kept = d.spoken_for(resource(), ALL)
+    assert sorted(kept) == sorted([f"{G0}::3", f"{G1}::3", f"{G1}::2"])
+    assert await d.choose(resource(), ALL, [], 1) is None  # undirected: the node's policy
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G1}::0"]  # next
+    assert sorted(d.spoken_for(resource(), ALL[:4] + ALL[5:])) == sorted([f"{G0}::3", f"{G1}::3"])  # pair's
+
+
+async def test_the_nodes_policy_leaves_the_gpus_directed_to_pods_still_to_come() -> None:
+    """The soak's cascades: an undirected pod (bound while the extender's view trailed) took,
+    by `packed`, the GPU the extender had just directed the next pod to, which then fell back
+    too. The policy now answers around such devices when the others are enough."""
+    packed = config(time_slicing(4), **{"shared-devices-allocation-policy": "packed"})
+    async with fake_kubelet() as kubelet, running_agent(kubelet, packed, plain_gpus(2)) as agent:
+        pods = [
+            pod("undirected", ("main", 1), rv="1"),
+            pod("next", ("main", 4), ann=annotation(NODE, ("main", [G0, G0, G0, G0])), rv="2"),
+        ]
+        agent.director = director(pods)
+        path = agent.server_sockets()[RES]
+        async with grpc.aio.insecure_channel(registering.unix_target(Path(path))) as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+
+            async def preferred(available: list[str], size: int) -> list[str]:
+                reply = await stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)
+                ]))  # fmt: skip
+                return list(reply.container_responses[0].deviceIDs)
+
+            (first,) = await preferred(ALL, 1)
+            assert first.startswith(G1)  # packed alone would take GPU 0's first replica
+            assert sorted(await preferred([x for x in ALL if x != first], 4)) == ALL[:4]  # next: GPU 0 whole
+            # With too little left elsewhere, the policy takes what the kubelet offers.
+            pods.append(pod("late", ("main", 2), rv="3"))
+            pods.append(pod("after", ("main", 4), ann=annotation(NODE, ("main", [G1, G1, G1, G1])), rv="4"))
+            assert len(await preferred(ALL[4:], 2)) == 2
 
 
 async def test_it_waits_for_the_pod_watch_to_catch_up_with_the_kubelet() -> None:
