@@ -100,7 +100,8 @@ DRAIN_S = SETTLE_S + 4 * CHECK_S  # after the last fault: longer than SETTLE_S, 
 POD_GRACE_S = 30.0  # a pod may be unbound and reasonless, or bound and not running, this long
 FAULT_GAP_S = (3.0, 7.0)  # the pause between two faults, drawn uniformly
 NAMESPACE = demo.NAMESPACE
-CONFIGMAP_NAMESPACE, CONFIGMAP = "sharepack-system", "sharepack-agent-config"
+# deploy/base's: the agent's own namespace, where its Role lets it read the ConfigMap.
+CONFIGMAP_NAMESPACE, CONFIGMAP = "sharepack-node", "sharepack-agent-config"
 CONFIG_NAME = "chaos"  # the named config the soak's nodes use, in the agent ConfigMap
 SHAPES = (1, 1, 1, 2, 2, 4)  # replicas per pod, drawn uniformly
 XID = 48  # double-bit ECC: critical
