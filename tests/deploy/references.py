@@ -22,12 +22,13 @@ CLUSTER_SCOPED = {
 }  # fmt: skip
 
 
-def _ns(doc: Doc) -> str:
+def object_namespace(doc: Doc) -> str:
+    """The object's namespace, "" for a cluster-scoped one."""
     return str(doc["metadata"].get("namespace", ""))
 
 
 def _named(docs: Sequence[Doc], kind: str) -> set[tuple[str, str]]:
-    return {(_ns(d), d["metadata"]["name"]) for d in docs if d["kind"] == kind}
+    return {(object_namespace(d), d["metadata"]["name"]) for d in docs if d["kind"] == kind}
 
 
 def workload(docs: Sequence[Doc], kind: str, base_name: str) -> Doc:
@@ -50,7 +51,7 @@ def expanded_args(container: Mapping[str, Any], namespace: str) -> list[str]:
 
 
 def namespace_of(docs: Sequence[Doc], kind: str, base_name: str) -> str:
-    return _ns(workload(docs, kind, base_name))
+    return object_namespace(workload(docs, kind, base_name))
 
 
 def problems(docs: Sequence[Doc]) -> Iterator[str]:
@@ -59,7 +60,7 @@ def problems(docs: Sequence[Doc]) -> Iterator[str]:
     accounts = _named(docs, "ServiceAccount")
     configmaps = _named(docs, "ConfigMap")
     for d in docs:
-        kind, name, ns = d["kind"], d["metadata"]["name"], _ns(d)
+        kind, name, ns = d["kind"], d["metadata"]["name"], object_namespace(d)
         if kind not in CLUSTER_SCOPED and ns not in namespaces and ns != "default":
             yield f"{kind} {name} is in namespace {ns!r}, which the install does not make"
         if kind in ("ClusterRoleBinding", "RoleBinding"):
@@ -75,7 +76,7 @@ def problems(docs: Sequence[Doc]) -> Iterator[str]:
         if kind in ("Service", "PodDisruptionBudget", "NetworkPolicy"):
             selector = d["spec"].get("selector") or d["spec"].get("podSelector") or {}
             labels = selector.get("matchLabels", selector)
-            if not any(_selects(labels, w) for w in docs if w["kind"] in ("DaemonSet", "Deployment") and _ns(w) == ns):
+            if not any(_selects(labels, w) for w in docs if w["kind"] in ("DaemonSet", "Deployment") and object_namespace(w) == ns):
                 yield f"{kind} {ns}/{name} selects {labels}, which no workload in {ns} has"
         if kind == "ConfigMap" and name.endswith("scheduler-config"):
             yield from _scheduler_url_problems(yaml.safe_load(d["data"]["config.yaml"]), docs)
@@ -88,7 +89,7 @@ def _selects(labels: Mapping[str, str], workload_doc: Doc) -> bool:
 
 def _pod_problems(d: Doc, namespaces: Mapping[str, Doc], accounts: set[tuple[str, str]],
                   configmaps: set[tuple[str, str]]) -> Iterator[str]:  # fmt: skip
-    kind, name, ns = d["kind"], d["metadata"]["name"], _ns(d)
+    kind, name, ns = d["kind"], d["metadata"]["name"], object_namespace(d)
     spec = d["spec"]["template"]["spec"]
     if (ns, spec["serviceAccountName"]) not in accounts:
         yield f"{kind} {ns}/{name} runs as {spec['serviceAccountName']}, which {ns} does not hold"

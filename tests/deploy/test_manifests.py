@@ -369,7 +369,7 @@ def test_the_base_puts_the_agent_and_the_extender_in_the_namespaces_the_docs_nam
         "sharepack-node": "privileged", "sharepack-system": "restricted",
     }  # fmt: skip
     assert all(lbl["pod-security.kubernetes.io/enforce-version"] == "latest" for lbl in labels.values())
-    agent_side = {d["kind"] for d in docs if references._ns(d) == "sharepack-node"}
+    agent_side = {d["kind"] for d in docs if references.object_namespace(d) == "sharepack-node"}
     assert agent_side == {"ServiceAccount", "ConfigMap", "DaemonSet", "Role", "RoleBinding", "NetworkPolicy"}
     assert references.namespace_of(docs, "Deployment", "sharepack-extender") == "sharepack-system"
 
@@ -415,7 +415,7 @@ def test_renaming_each_namespace_moves_every_reference_with_it(tmp_path: Path) -
     assert not list(references.problems(docs))
     labels = {d["metadata"]["name"]: d["metadata"]["labels"][references.ENFORCE] for d in docs if d["kind"] == "Namespace"}
     assert labels == {"ops-node": "privileged", "ops-system": "restricted"}
-    assert not [d for d in docs if references._ns(d) in ("sharepack-node", "sharepack-system")]
+    assert not [d for d in docs if references.object_namespace(d) in ("sharepack-node", "sharepack-system")]
     parameters = _policy_parameters(docs)
     assert parameters == {
         policy: ("ops-node" if account == "sharepack-agent" else "ops-system", account)
