@@ -102,7 +102,8 @@ POD_GRACE_S = 30.0  # a pod may be unbound and reasonless, or bound and not runn
 FAULT_GAP_S = (3.0, 7.0)  # the pause between two faults, drawn uniformly
 MAX_PODS = 100  # alive after a round of deletions: three nodes hold about 50 pods (1.8 replicas each)
 NAMESPACE = demo.NAMESPACE
-CONFIGMAP_NAMESPACE, CONFIGMAP = "sharepack-system", "sharepack-agent-config"
+# deploy/base's: the agent's own namespace, where its Role lets it read the ConfigMap.
+CONFIGMAP_NAMESPACE, CONFIGMAP = "sharepack-node", "sharepack-agent-config"
 CONFIG_NAME = "chaos"  # the named config the soak's nodes use, in the agent ConfigMap
 SHAPES = (1, 1, 1, 2, 2, 4)  # replicas per pod, drawn uniformly
 XID = 48  # double-bit ECC: critical
