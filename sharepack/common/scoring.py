@@ -235,8 +235,8 @@ def score_node(
         predicted = score_node(state, request, node_policy, workload=workload, admitted=admitted, directed=directed)
         if not predicted.feasible:
             return predicted
-        merged, placement = whole_as_shares(state, predicted.placement, whole_of)
-        ranked = score_placement(merged, placement, node_policy, workload=workload, admitted=admitted)
+        merged, in_replicas = whole_as_shares(state, predicted.placement, whole_of)
+        ranked = score_placement(merged, in_replicas, node_policy, workload=workload, admitted=admitted)
         return replace(ranked, placement=predicted.placement)  # the devices the pod gets, per resource
     if request.empty:
         if node_policy == NodePolicy.FRAGAWARE and admitted is not None:
