@@ -6,14 +6,11 @@ the kubectl command it prints. `--mode dra` without the real control plane is a 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ import pytest
 from sharepack.common import draslices
 from sharepack.sandbox.drivers import demo
 from tests.conftest import real_binaries
-from tests.scenario.harness import processes_mentioning
+from tests.scenario.harness import demo_in_its_own_group, processes_mentioning
 from tests.scenario.test_demo import PLACED, read_until
 
 NODES = ("node-0", "node-1", "node-2")  # the demo's default: 3 nodes of 4 GPUs x 4 replicas
@@ -39,21 +36,8 @@ def test_the_dra_mode_without_the_real_control_plane_is_a_usage_error(capsys: py
 @pytest.mark.timeout(480)
 def test_the_dra_demo_packs_whole_gpus_and_kubectl_shows_slices_and_allocated_claims() -> None:
     real_binaries()  # a skip, or under SHAREPACK_REQUIRE_REAL a failure, when not built
-    argv = ["--control-plane", "real", "--mode", "dra", "--keep-running"]
-    with subprocess.Popen(
-        [sys.executable, "-m", "sharepack.sandbox.drivers.demo", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-    ) as proc:  # fmt: skip
-        roots: list[Path] = []
-        try:
-            check_dra_demo_then_interrupt(proc, roots)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            for root in roots:
-                shutil.rmtree(root, ignore_errors=True)
+    with demo_in_its_own_group(["--control-plane", "real", "--mode", "dra", "--keep-running"]) as (proc, roots):
+        check_dra_demo_then_interrupt(proc, roots)
 
 
 def check_dra_demo_then_interrupt(proc: subprocess.Popen[bytes], roots: list[Path]) -> None:
