@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from sharepack.common import draslices
 from sharepack.sandbox.drivers import demo
 from tests.conftest import real_binaries
 from tests.scenario.harness import demo_in_its_own_group, processes_mentioning
-from tests.scenario.test_demo import PLACED, read_until
+from tests.scenario.test_demo import PLACED, USER_POD, read_until
 
 NODES = ("node-0", "node-1", "node-2")  # the demo's default: 3 nodes of 4 GPUs x 4 replicas
 
@@ -54,10 +55,10 @@ def check_dra_demo_then_interrupt(proc: subprocess.Popen[bytes], roots: list[Pat
     roots.append(kubeconfig.parent)
     kubectl = printed.group(1)
 
-    def run(*args: str) -> str:
+    def run(*args: str, stdin: str | None = None) -> str:
         got = subprocess.run(
-            [kubectl, "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True, timeout=30,
-            env={"HOME": str(kubeconfig.parent), "PATH": os.environ["PATH"]},
+            [kubectl, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True, text=True,
+            timeout=30, env={"HOME": str(kubeconfig.parent), "PATH": os.environ["PATH"]},
         )  # fmt: skip
         assert got.returncode == 0, f"kubectl {' '.join(args)}: {got.stderr}"
         return got.stdout
@@ -92,6 +93,16 @@ def check_dra_demo_then_interrupt(proc: subprocess.Popen[bytes], roots: list[Pat
     assert on_one_gpu == 6
     pods = json.loads(run("get", "pods", "-o", "json"))["items"]
     assert len(pods) == 18 and all(p["status"]["phase"] == "Running" for p in pods)
+    # A pod the user applies, unchanged from the device-plugin mode, gets a claim the scheduler
+    # allocated from a node's slice, and runs.
+    run("apply", "-f", "-", stdin=USER_POD)
+    deadline = time.monotonic() + 60
+    while (pod := json.loads(run("get", "pod", "user-pod", "-o", "json")))["status"].get("phase") != "Running":
+        assert time.monotonic() < deadline, f"user-pod is not Running: {pod['status']}"
+        time.sleep(0.2)
+    mine = json.loads(run("get", "resourceclaim", pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"], "-o", "json"))
+    (holding,) = draslices.claim_holdings(mine)
+    assert holding.pool == pod["spec"]["nodeName"] and holding.pods == (pod["metadata"]["uid"],)
     assert processes_mentioning(roots), "the stack is not running: the checks above saw nothing"
 
     os.killpg(proc.pid, signal.SIGINT)
