@@ -8,8 +8,9 @@ device IDs and the size, so the `Director` works out which pod it is for:
 * The kubelet admits one pod at a time, container by container, and asks only for pods bound to
   this node. The pod watch the publisher keeps (pods with `spec.nodeName` = this node) holds
   them, annotations included.
-* A pod is *pending* while its phase is Pending (or not set yet), it is not being deleted, and
-  it still has containers the Director has not been asked for. A pod PodResources already lists
+* A pod is *pending* while its phase is Pending (or not set yet) and it still has containers
+  the Director has not been asked for, being deleted or not: the kubelet meets a pod's binding
+  before its deletion, and admits it (devices included) before it stops it. A pod PodResources already lists
   with devices that the Director never answered for (allocated before an agent restart, say)
   is not pending.
 * Per pending pod, the container the request may be for: with directions, the first directed
@@ -206,7 +207,9 @@ class Director:
             present.add(uid)
             seen = self._seen.setdefault(uid, self._looks)
             phase = str((obj.get("status") or {}).get("phase") or "")
-            if not uid or phase not in PENDING_PHASES or meta.get("deletionTimestamp"):
+            # A pod being deleted stays: the kubelet handles its binding before its deletion
+            # (one watch, in order), so it may be admitting it right now.
+            if not uid or phase not in PENDING_PHASES:
                 continue
             ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
             answered = self._answered.get(uid)

@@ -195,6 +195,20 @@ async def test_look_alike_pods_created_in_one_order_and_bound_in_the_other_keep_
     assert d.holders() == {f"{G0}::0": "uid-newer", f"{G1}::0": "uid-older"}
 
 
+async def test_a_pod_deleted_after_its_binding_is_still_the_one_the_kubelet_admits_first() -> None:
+    """The 10-minute soak's last misses: `doomed` was bound, then deleted before the kubelet,
+    busy, got to it; the kubelet still admits its binding first (its watch brought the binding
+    before the deletion), and the request for it was answered with `next`'s GPU, and `next`'s
+    with the one after."""
+    doomed = pod("doomed", ("main", 1), ann=annotation(NODE, ("main", [G0])), rv="70")
+    doomed["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:09Z"
+    nxt = pod("next", ("main", 1), ann=annotation(NODE, ("main", [G1])), rv="72")
+    d = director([doomed, nxt])
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G0}::0"]
+    assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G1}::0"]
+    assert d.holders() == {f"{G0}::0": "uid-doomed", f"{G1}::0": "uid-next"}
+
+
 async def test_a_pod_seen_first_goes_first_though_written_after_its_binding() -> None:
     """The watch brought `first` before `second`; an update to `first` since (a label, say)
     gave it the higher resourceVersion. The order the Director first saw them in still holds."""
