@@ -674,7 +674,8 @@ class NodeScorer:
     """
 
     __slots__ = (
-        "state", "version", "node_policy", "workload", "room", "directed", "_memo", "_templates", "_exact", "_any"
+        "state", "version", "node_policy", "workload", "room", "model", "directed", "_memo", "_templates", "_exact",
+        "_any",
     )
 
     def __init__(
@@ -686,6 +687,7 @@ class NodeScorer:
         templates: ScoreTemplates | None = None,
         workload: fragmentation.TypicalWorkload | None = None,
         room: tuple[int, int] | None = None,
+        model: str | None = None,
         directed: bool | None = None,
     ) -> None:
         self.state = state
@@ -695,6 +697,9 @@ class NodeScorer:
         self.workload = workload if workload is not None or templates is None else templates.workload
         # The node's CPU (milli) and memory (MiB) left, when known: the CPU-aware ranks use it.
         self.room = room if cpu_aware(node_policy) else None
+        # The node's GPU model (`common.gpumodels`), when known: shapes that allow only other
+        # models count its GPUs as fragment (with the room: both come from the Node object).
+        self.model = model
         self.directed = directed if directed is not None else templates is not None and templates.directed
         self._memo: dict[str, NodeScore] = {}
         self._templates: ScoreTemplates | None = None
@@ -726,16 +731,17 @@ class NodeScorer:
         return t, *self._exact
 
     def admitted(self, request: PodRequest) -> tuple[int, int] | None:
-        """The typical shapes the node's CPU and memory admit before and after `request`; None
-        when the node's room is unknown (or the policy does not look at it)."""
+        """The typical shapes the node's GPU model, CPU and memory admit before and after
+        `request`; None when the node's room is unknown (or the policy does not look at it)."""
         if self.room is None:
             return None
         measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        access = measure.access(self.model)
         cpu, memory = self.room
-        before = measure.admitted(cpu, memory)
+        before = access & measure.admitted(cpu, memory)
         if not request.cpu and not request.memory:
             return before, before
-        return before, measure.admitted(cpu - request.cpu, memory - request.memory)
+        return before, access & measure.admitted(cpu - request.cpu, memory - request.memory)
 
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)

@@ -46,7 +46,7 @@ from types import MappingProxyType
 from typing import Any
 
 
-from sharepack.common import directions, fragmentation, podrequests, scoring
+from sharepack.common import directions, fragmentation, gpumodels, podrequests, scoring
 from sharepack.common.errors import DirectionsError, RequestError, StateSchemaError
 from sharepack.common.podrequests import PodRequest
 from sharepack.common.policies import NodePolicy, Policy
@@ -86,8 +86,9 @@ class WireScorer(NodeScorer):
         version: object,
         templates: ScoreTemplates | None = None,
         room: tuple[int, int] | None = None,  # CPU and memory left (extender.noderesources)
+        model: str | None = None,  # the node's GPU model (common.gpumodels)
     ) -> None:
-        super().__init__(state, node_policy, version, templates=templates, room=room)
+        super().__init__(state, node_policy, version, templates=templates, room=room, model=model)
         self.name = name
         self.fresh_until = NEVER_STALE
         self._prefix = protocol.host_prefix(name)
@@ -505,8 +506,10 @@ class ClusterView:
         else:
             rv = self.ledger.published[name][0]
             self._generation += 1
-            room = self.resources.room(name) if self.resources is not None else None
-            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room)
+            r = self.resources
+            room = r.room(name) if r is not None else None
+            model = (r.gpu_model(name) or gpumodels.published_model(state)) if r is not None else None
+            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room, model)
             scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
             for request in self._shapes.values():
                 scorer.host_priority(request)  # memoises the filter's verdict too

@@ -121,8 +121,8 @@ class _FragContext:
     def build(cls, model: FragModel, *, gpu_models: bool = True) -> _FragContext:
         workload = fragaware.common_workload(model)
         assert all(s.memory == 0 for s in workload.shapes), "admitted classes assume no memory per shape"
-        # Without `gpu_models` every node admits every shape by its GPU model, as the extender
-        # sees nodes: its typical workload names no GPU models.
+        # Without `gpu_models` every node admits every shape by its GPU model, as an extender
+        # that knows no node's model would see them.
         access = fragaware.access_masks(model) if gpu_models else [fragmentation.ALL_ADMITTED] * len(model.access)
         distinct = {m: i for i, m in enumerate(dict.fromkeys(access))}
         kind = np.array([distinct[m] for m in access], dtype=np.int64)
