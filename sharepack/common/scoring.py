@@ -51,7 +51,7 @@ Fine rank and tier
 as above; `fragaware`'s `placement_rank`). kube-scheduler adds its own scores to ours and picks
 at random among the best totals, so 11 levels cannot choose a node on a large cluster; the
 extender's tier filter can: `best_tier` keeps the N best by rank, ties by a stable node order
-(the extender: names; the simulator: its node order). `fragaware` with `directed` scores the
+(`tie_key`: a hash of the node's name, the same in the extender and the simulator). `fragaware` with `directed` scores the
 single-GPU placement it would direct the agent to (`_directed_share`), as FGD chooses a GPU.
 
 The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
@@ -69,6 +69,8 @@ once per request shape.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -429,6 +431,18 @@ def _directed_share(
         if best is None or rank > best[0]:
             best = (rank, g.key)
     return None if best is None else MappingProxyType({name: (best[1],) * n})
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def tie_key(node: str) -> bytes:
+    """The tier's tie order of a node: a fixed pseudo-random order, a hash of its name (the same
+    in every extender replica and in the simulator; Python's `hash` is salted per process).
+
+    Not the names' own order: names follow pools and racks (the trace lists its nodes in runs of
+    one model and size), so ties by name always went to the first pool's nodes. Measured, default
+    trace, `fragaware` as shipped, kube model, 10 seeds: 4.42 % unallocated by name, 4.28 % by
+    this order (README's lever table)."""
+    return hashlib.blake2b(node.encode(), digest_size=8).digest()
 
 
 def best_tier(entries: Sequence[tuple[float, T]], width: int) -> list[int]:

@@ -398,7 +398,8 @@ class ClusterView:
     def _best_tier(
         self, names: Sequence[str], survivors: list[int], request: PodRequest, now: float, failed: dict[str, str]
     ) -> list[int]:
-        """The best `tier_width` survivors by the node policy's fine rank, ties by node name;
+        """The best `tier_width` survivors by the node policy's fine rank, ties by
+        `scoring.tie_key` (a hash of the node's name);
         unknown and stale nodes rank below every known one. The scheduler picks at random among
         its best totals: passing it only our best is what makes the choice ours. The others
         fail with a reason that says so (they could run the pod; preemption never sees them,
@@ -407,7 +408,8 @@ class ClusterView:
         for i in survivors:
             scorer = self.scorers.get(names[i])
             known = scorer is not None and scorer.fresh_until > now
-            entries.append((scorer.verdict(request).rank if scorer is not None and known else self._unknown_rank(names[i], request), names[i]))
+            rank = scorer.verdict(request).rank if scorer is not None and known else self._unknown_rank(names[i], request)
+            entries.append((rank, scoring.tie_key(names[i])))
         keep = [survivors[k] for k in scoring.best_tier(entries, self.tier_width)]
         kept = set(keep)
         reason = f"outside the best {self.tier_width} node(s) by {self.node_policy} (--filter-tier-width)"

@@ -41,7 +41,7 @@ def cluster(models: dict[str, str | None]) -> tuple[ClusterView, NodeResources]:
 
 
 def test_the_tier_keeps_the_v100_whole_for_the_pods_that_need_one() -> None:
-    # node-a sorts first: without the models the tie would go to it (by name).
+    # node-a comes first by `scoring.tie_key`: without the models the tie would go to it.
     view, _ = cluster({"node-a": "V100", "node-b": "T4"})
     survivors, failed, _ = view.filter_nodes(["node-a", "node-b"], half())
     assert survivors == [1] and "outside the best 1" in failed["node-a"]
