@@ -97,7 +97,7 @@ Placement = Mapping[str, tuple[str, ...]]  # resource -> physical GPU keys, one 
 AnyNodePolicy = Policy | NodePolicy  # a Policy ranks as the NodePolicy of the same name
 _EMPTY: Placement = MappingProxyType({})
 _ALL_ADMITTED = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
-T = TypeVar("T", int, str)  # a stable node order: its position, or its name
+T = TypeVar("T", int, str, bytes)  # a stable node order: its position, its name, or `tie_key`
 
 
 @dataclass(frozen=True, slots=True)
