@@ -26,11 +26,17 @@ device IDs and the size, so the `Director` works out which pod it is for:
   request of the same pod moves on to its next container.
 * Several matches (a burst bound several pods with the same request to this node): a pod
   some of whose containers were answered already is the one (the kubelet finishes a pod before
-  the next); else the kubelet admits in the order it learnt of the pods, oldest creation first
-  (`HandlePodAdditions` sorts each batch by creation time), so the pod created first, then bound
-  first (lowest `resourceVersion`), is taken. Only when that order cannot tell (equal keys) does
-  the node's policy answer (`ambiguous`). No match: wait up to `wait_s` for the pod watch to
-  catch up with the kubelet (it sees the binding through its own watch), then fall back.
+  the next); else the one the kubelet learnt of first. The kubelet's pod source hands it each
+  pod its watch brings as an addition of its own, so it admits pods bound while it runs in the
+  order they were bound (`HandlePodAdditions` sorts by creation time only within one batch,
+  which is one pod then). The agent's watch brings the same bindings in the same order (one API
+  server, ordered by `resourceVersion`), so the pod this Director saw first is taken, and of
+  pods first seen together, the one bound first (lowest `resourceVersion`: a pending pod is not
+  written between its binding and its admission). Creation time is no guide: a pod created
+  earlier whose first attempts failed is bound later, and ordering by it swapped look-alike pods'
+  GPUs. Only when that order cannot tell (equal keys) does the node's policy answer
+  (`ambiguous`). No match: wait up to `wait_s` for the pod watch to catch up with the kubelet
+  (it sees the binding through its own watch), then fall back.
 
 Never an error for the kubelet: a bad annotation, an unknown pod or a missing GPU is a fallback
 to the node's policy, which is what the agent did before directions existed.
@@ -48,7 +54,7 @@ from enum import StrEnum
 from typing import Any
 
 from sharepack.agent.metrics import HONOURED, AgentMetrics
-from sharepack.common import directions, podrequests
+from sharepack.common import devices, directions, podrequests
 from sharepack.common.directions import Directions
 from sharepack.common.errors import DirectionsError, RequestError
 from sharepack.common.resources import Resource
@@ -94,7 +100,16 @@ class _Match:
     why_not: Fallback | None = None  # with keys None
     detail: str = ""
     started: bool = False  # some of the pod's containers were answered already
-    order: tuple[str, int] = ("", 0)  # (creationTimestamp, resourceVersion): the kubelet's order
+    order: tuple[int, int] = (0, 0)  # (first seen, resourceVersion): the kubelet's order
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    obj: Mapping[str, Any]
+    uid: str
+    pod: str  # namespace/name
+    answered: set[tuple[str, str]]  # (container, resource) the Director answered for
+    order: tuple[int, int]  # (first seen, resourceVersion): the kubelet's order
 
 
 PodSource = Callable[[], Iterable[Mapping[str, Any]]]
@@ -110,6 +125,8 @@ class Director:
         self._pods: PodSource | None = None
         self._listed: ListedSource = frozenset
         self._answered: dict[str, set[tuple[str, str]]] = {}  # pod UID -> (container, resource)
+        self._seen: dict[str, int] = {}  # pod UID -> the look at the pods that first showed it
+        self._looks = 0
         # device ID -> UID of the pod it was directed to, newest last (for the publisher).
         self._holders: collections.OrderedDict[str, str] = collections.OrderedDict()
 
@@ -176,15 +193,18 @@ class Director:
         log.info("directed allocation not used (%s): %s; the node's policy chooses", reason, why,
                  extra={"fallback": str(reason)})  # fmt: skip
 
-    def _matches(self, resource: str, reused: int, size: int) -> list[_Match]:
+    def _pending(self) -> list[_Pending]:
+        """The pods bound here that the kubelet has still to ask for (see the module)."""
         assert self._pods is not None
         listed = self._listed()
         present: set[str] = set()
-        out: list[_Match] = []
+        out: list[_Pending] = []
+        self._looks += 1
         for obj in self._pods():
             meta = obj.get("metadata") or {}
             uid = str(meta.get("uid") or "")
             present.add(uid)
+            seen = self._seen.setdefault(uid, self._looks)
             phase = str((obj.get("status") or {}).get("phase") or "")
             if not uid or phase not in PENDING_PHASES or meta.get("deletionTimestamp"):
                 continue
@@ -192,13 +212,45 @@ class Director:
             answered = self._answered.get(uid)
             if answered is None and (ns, name) in listed:
                 continue  # allocated before we could answer for it
-            m = self._match(obj, uid, f"{ns}/{name}", answered or set(), resource, reused, size)
-            if m is not None:
-                rv = str(meta.get("resourceVersion") or "")
-                order = (str(meta.get("creationTimestamp") or ""), int(rv) if rv.isdigit() else 0)
-                out.append(dataclasses.replace(m, started=bool(answered), order=order))
+            rv = str(meta.get("resourceVersion") or "")
+            out.append(_Pending(obj, uid, f"{ns}/{name}", answered or set(), (seen, int(rv) if rv.isdigit() else 0)))
         for gone in self._answered.keys() - present:
             del self._answered[gone]
+        for gone in self._seen.keys() - present:
+            del self._seen[gone]
+        return out
+
+    def _matches(self, resource: str, reused: int, size: int) -> list[_Match]:
+        out: list[_Match] = []
+        for p in self._pending():
+            m = self._match(p.obj, p.uid, p.pod, p.answered, resource, reused, size)
+            if m is not None:
+                out.append(dataclasses.replace(m, started=bool(p.answered), order=p.order))
+        return out
+
+    def spoken_for(self, resource: Resource, available: Sequence[str]) -> set[str]:
+        """Available devices the directions of pods still to be admitted here will ask for:
+        per directed GPU, as many as they name (any of its devices: the devices are alike).
+        When the node's policy answers for a pod without usable directions, it leaves these
+        alone where it can, so one undirected pod does not take the GPUs the extender directed
+        the next ones to (their predictions would miss in turn)."""
+        if self._pods is None:
+            return set()
+        wanted: collections.Counter[str] = collections.Counter()
+        for p in self._pending():
+            d = _usable_directions(p.obj, self.node_name)
+            for c in d.containers if d is not None else ():
+                if (c.name, resource.name) not in p.answered:
+                    wanted.update(c.gpus.get(resource.name, ()))
+        if not wanted:
+            return set()
+        group_of = resource.group_of()
+        out: set[str] = set()
+        for device in sorted(available, key=devices.device_order, reverse=True):
+            key = group_of.get(device)
+            if key is not None and wanted[key] > 0:
+                wanted[key] -= 1
+                out.add(device)
         return out
 
     def _match(
@@ -227,6 +279,15 @@ class Director:
             if c.amount(resource) == size and (c.name, resource) not in answered:
                 return _Match(uid, pod, c.name, None, why_not, detail)
         return None
+
+
+def _usable_directions(obj: Mapping[str, Any], node: str) -> Directions | None:
+    """The pod's directions if they are for `node`, decode and fit the pod; else None."""
+    try:
+        d = directions.of_pod(obj, node)
+    except DirectionsError:
+        return None
+    return d if d is not None and _mismatch(obj, d) is None else None
 
 
 def _mismatch(obj: Mapping[str, Any], d: Directions) -> str | None:

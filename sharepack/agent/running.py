@@ -122,6 +122,12 @@ class _ResourcePlugin:
             chosen = await agent.director.choose(self._resource, available, must_include, size)
             if chosen is not None:
                 return chosen
+            # The node's policy answers: around the devices other pods' directions ask for,
+            # when the rest are enough.
+            kept = agent.director.spoken_for(self._resource, available)
+            rest = [d for d in available if d not in kept or d in must_include]
+            if kept and len(set(rest) | set(must_include)) >= size:
+                available = rest
         return responses.preferred_allocation(
             self._resource, agent.config.allocation_policy, agent._pair_scores,
             available, must_include, size,

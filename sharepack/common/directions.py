@@ -22,8 +22,8 @@ The annotation, one line of JSON (version 1):
   container matches a request when `len(must_include) + len(keys) == size`. Containers that
   take nothing new are left out: the kubelet never asks for them.
 
-Only the extender's service account may write the annotation (deploy/base/admission/
-gpu-directions.yaml), and readers believe it only where it fits the pod (`mismatch`): a pod's
+Only the extender's service account may write the annotation (deploy/base/extender/
+gpu-directions-policy.yaml), and readers believe it only where it fits the pod (`mismatch`): a pod's
 author cannot steer other pods' GPUs by naming containers it does not have.
 
 This module is the only reader and writer of that format (extender and agent both use it).

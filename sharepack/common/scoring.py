@@ -97,6 +97,9 @@ Placement = Mapping[str, tuple[str, ...]]  # resource -> physical GPU keys, one 
 AnyNodePolicy = Policy | NodePolicy  # a Policy ranks as the NodePolicy of the same name
 _EMPTY: Placement = MappingProxyType({})
 _ALL_ADMITTED = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
+# (whole resource, shared resource) listing the same GPUs, each GPU taken whole or shared, not
+# both (the DRA mode's whole-GPU and replica devices: `whole_as_shares`).
+WholeOf = tuple[str, str]
 T = TypeVar("T", int, str, bytes)  # a stable node order: its position, its name, or `tie_key`
 
 
@@ -215,6 +218,7 @@ def score_node(
     workload: fragmentation.TypicalWorkload | None = None,
     admitted: tuple[int, int] | None = None,
     directed: bool = False,
+    whole_of: WholeOf | None = None,
 ) -> NodeScore:
     """Predict the pod's placement on this node and score the node under `node_policy`.
 
@@ -223,7 +227,19 @@ def score_node(
     (`Fragmentation.admitted`; None: unknown, every shape counts as admitted and a pod without
     GPUs is not ranked; `packed` subtracts the GPUs the pod strands, `common.stranding`); `directed`
     scores the placement the extender would choose and direct the agent to (for a share on
-    one replicated GPU, the GPU with the best `placement_rank`), not the agent's own."""
+    one replicated GPU, the GPU with the best `placement_rank`), not the agent's own.
+    `whole_of`: the node lists its GPUs whole and shared (the DRA mode): feasibility and
+    placement come from both resources, the rank from the replicas (`whole_as_shares`)."""
+    if whole_of is not None and all(state.resource(name) is not None for name in whole_of):
+        merged, _ = whole_as_shares(state, _EMPTY, whole_of)
+        if request.empty:
+            return score_node(merged, request, node_policy, workload=workload, admitted=admitted)
+        predicted = score_node(state, request, node_policy, workload=workload, admitted=admitted, directed=directed)
+        if not predicted.feasible:
+            return predicted
+        merged, in_replicas = whole_as_shares(state, predicted.placement, whole_of)
+        ranked = score_placement(merged, in_replicas, node_policy, workload=workload, admitted=admitted)
+        return replace(ranked, placement=predicted.placement)  # the devices the pod gets, per resource
     if request.empty:
         if node_policy == NodePolicy.FRAGAWARE and admitted is not None:
             # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
@@ -364,6 +380,33 @@ def container_placements(state: NodeState, request: PodRequest) -> ContainerPlac
     return tuple(
         (c.name, MappingProxyType(per[c.name])) for c in request.containers if c.name in per
     )
+
+
+def whole_as_shares(state: NodeState, placement: Placement, whole_of: WholeOf) -> tuple[NodeState, Placement]:
+    """The state and placement in replicas of the shared resource only, for a node that lists
+    each GPU both whole and shared (the DRA mode's devices): a whole GPU taken is all its
+    replicas. In the two-resource view a GPU with one replica in use is also a taken whole GPU,
+    and `free_shares` (the least free over resources, as MIG profiles need) would count it as
+    having nothing free for the next share, which is what `fragaware` and the stranding term
+    measure. A GPU held whole while its replicas show no use (a whole-GPU pod the extender
+    assumed) counts all its replicas taken. Unchanged when either resource is missing."""
+    whole, shared = state.resource(whole_of[0]), state.resource(whole_of[1])
+    if shared is None or whole is None:
+        return state, placement
+    held_whole = {g.key for g in whole.gpus if g.total > 0 and g.allocated + g.unhealthy >= g.total}
+    gpus = tuple(
+        replace(g, allocated=g.total - g.unhealthy) if g.key in held_whole and g.allocated == 0 else g
+        for g in shared.gpus
+    )
+    replicas = {g.key: g.total for g in shared.gpus}
+    keys = list(placement.get(shared.name, ()))
+    for key in placement.get(whole.name, ()):
+        keys.extend([key] * replicas.get(key, 0))
+    merged = {name: ks for name, ks in placement.items() if name not in (shared.name, whole.name)}
+    if keys:
+        merged[shared.name] = tuple(sorted(keys))
+    resources = tuple(replace(r, gpus=gpus) if r is shared else r for r in state.resources if r is not whole)
+    return replace(state, resources=resources), merged
 
 
 def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
@@ -613,7 +656,7 @@ class ScoreTemplates:
     ints when a scorer is built (on the watch path), so a lookup hashes an int and a string.
     """
 
-    __slots__ = ("node_policy", "workload", "directed", "_ids", "_memo", "_next", "max_entries")
+    __slots__ = ("node_policy", "workload", "directed", "whole_of", "_ids", "_memo", "_next", "max_entries")
 
     def __init__(
         self,
@@ -622,10 +665,12 @@ class ScoreTemplates:
         max_entries: int = 1 << 16,
         workload: fragmentation.TypicalWorkload | None = None,
         directed: bool = False,
+        whole_of: WholeOf | None = None,
     ) -> None:
         self.node_policy = node_policy
         self.workload = workload
         self.directed = directed  # `score_node(directed=)`: the placement the extender directs
+        self.whole_of = whole_of  # `score_node(whole_of=)`: GPUs listed whole and shared (DRA)
         self._ids: dict[tuple[object, ...], int] = {}
         self._memo: dict[
             tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]
@@ -650,8 +695,9 @@ class ScoreTemplates:
         hit = self._memo.get(memo_key)
         if hit is None:
             s = score_node(
-                state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed
-            )
+                state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed,
+                whole_of=self.whole_of,
+            )  # fmt: skip
             pos = {k: i for i, k in enumerate(keys)}
             where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
             if len(self._memo) >= self.max_entries:
@@ -688,9 +734,9 @@ class NodeScorer:
     """
 
     __slots__ = (
-        "state", "version", "node_policy", "workload", "room", "model", "directed", "_memo", "_templates", "_exact",
-        "_any",
-    )
+        "state", "version", "node_policy", "workload", "room", "model", "directed", "whole_of", "_memo", "_templates",
+        "_exact", "_any",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -703,6 +749,7 @@ class NodeScorer:
         room: tuple[int, int] | None = None,
         model: str | None = None,
         directed: bool | None = None,
+        whole_of: WholeOf | None = None,
     ) -> None:
         self.state = state
         self.version = version
@@ -715,6 +762,7 @@ class NodeScorer:
         # models count its GPUs as fragment (with the room: both come from the Node object).
         self.model = model
         self.directed = directed if directed is not None else templates is not None and templates.directed
+        self.whole_of = whole_of if whole_of is not None or templates is None else templates.whole_of
         self._memo: dict[str, NodeScore] = {}
         self._templates: ScoreTemplates | None = None
         # (template id, GPU keys in the signature's order) by key order, computed when first
@@ -765,7 +813,7 @@ class NodeScorer:
             if shared is None:
                 hit = score_node(
                     self.state, request, self.node_policy, workload=self.workload, admitted=admitted,
-                    directed=self.directed,
+                    directed=self.directed, whole_of=self.whole_of,
                 )  # fmt: skip
             else:
                 t, sid, keys = shared

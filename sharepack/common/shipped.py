@@ -31,3 +31,6 @@ FILTER_TIER_WIDTH = 1  # the extender's --filter-tier-width
 EXTENDER_WEIGHT = 5  # deploy/scheduler's extender weight
 DIRECTED_GPUS = True  # the extender's --directed-gpus
 EVERY_POD = True  # no managedResources: CPU-only pods reach the extender too
+# The DRA mode (deploy/dra, docs/dra.md): the same scheduler configuration and tier; the
+# extender's --node-policy there (`sharepack-simulate --policy dra-shipped` measures it).
+DRA_NODE_POLICY = NodePolicy.FRAGAWARE

@@ -324,6 +324,7 @@ class Service:
             max_age_s=opts.state_max_age_s, workload=opts.typical_workload,
             tier_width=opts.filter_tier_width, resources=self.resources,
             directed=opts.directed_gpus and opts.node_policy == NodePolicy.FRAGAWARE,
+            whole_of=draview.WHOLE_OF if opts.mode == MODE_DRA else None,
         )  # fmt: skip
         self.informers: list[Reflector] = []
         self._watch_api: Any | None = None  # kubernetes.aio client of the reflectors

@@ -50,6 +50,7 @@ from sharepack.common.podrequests import PodRequest
 from sharepack.extender.binding import BindError
 from sharepack.extender.caches import ClusterView
 from sharepack.extender.protocol import BindingArgs
+from sharepack.extender.roomwait import wait_for_room
 
 log = logging.getLogger(__name__)
 
@@ -202,28 +203,27 @@ class BindGuard:
             return Refusal(Rule.NO_GPU, f"{where} requests no resource an agent publishes: it is not this "
                                         "extender's to bind")  # fmt: skip
         if record is not None:
-            return self._check_scored(record, request, args.node, where)
+            return await self._check_scored(record, request, args.node, where)
         if self.unscored is UnscoredBinds.RECHECK:
-            return self._recheck(request, args.node, where)
+            return await self._recheck(request, args.node, where)
         return Refusal(Rule.NOT_SCORED, f"this extender did not filter or prioritize {where} (UID "
                                         f"{args.pod_uid}) in the last {self.ttl_s:.0f} s")  # fmt: skip
 
-    def _check_scored(self, record: _Scored, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
+    async def _check_scored(self, record: _Scored, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
         if not record.offered(node):
             found = "found feasible" if record.survivors is not None else "was offered"
             return Refusal(Rule.NODE, f"node {node} is not among the nodes this extender {found} for {where}")
         # The recorded verdict was for the pod the /filter body described; judge the real one.
-        return self._filter_passes(request, node, where)
+        return await self._filter_passes(request, node, where)
 
-    def _recheck(self, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
+    async def _recheck(self, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
         if self.view.fresh_scorer(node) is None:
             return Refusal(Rule.NODE, f"node {node} has no fresh published state here: {where} cannot "
                                       "be re-checked on it")  # fmt: skip
-        return self._filter_passes(request, node, where)
+        return await self._filter_passes(request, node, where)
 
-    def _filter_passes(self, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
-        survivors, failed, unresolvable = self.view.filter_nodes((node,), request)
-        if not survivors:
-            why = failed.get(node) or unresolvable.get(node, "")
+    async def _filter_passes(self, request: PodRequest, node: str, where: str) -> Admitted | Refusal:
+        why = await wait_for_room(self.view, node, request)  # our view may trail kube-scheduler's
+        if why is not None:
             return Refusal(Rule.NODE, f"node {node} does not pass the filter for {where}: {why}")
         return Admitted(request)

@@ -151,6 +151,7 @@ class ClusterView:
         tier_width: int = 0,  # the filter passes only this many best nodes (`scoring.best_tier`); 0: all
         resources: NodeResources | None = None,  # nodes' CPU and memory: the CPU-aware ranks use them
         directed: bool = False,  # predict the placement the extender directs (`score_node(directed=)`)
+        whole_of: scoring.WholeOf | None = None,  # GPUs listed whole and shared: rank in replicas (DRA)
     ) -> None:
         self.node_policy = node_policy
         self.directed = directed
@@ -178,7 +179,7 @@ class ClusterView:
         self.soonest_stale = NEVER_STALE
         self._generation = 0
         self.on_change: Callable[[], None] | None = None  # called after every cache change
-        self.templates = ScoreTemplates(node_policy, workload=workload, directed=directed)
+        self.templates = ScoreTemplates(node_policy, workload=workload, directed=directed, whole_of=whole_of)
         # Per node gauge rows, computed at the next scrape from the states published since
         # (`_gauges_due`): a node written many times between two scrapes is computed once.
         self._gauges: dict[str, NodeGauges] = {}

@@ -31,6 +31,7 @@ from sharepack.common.podrequests import PodRequest
 from sharepack.extender.binding import Binder, BindError
 from sharepack.extender.caches import ClusterView
 from sharepack.extender.protocol import BindingArgs
+from sharepack.extender.roomwait import wait_for_room
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ class DirectingBinder:
             request = await self._read_request(args)
         if request is not None and not request.empty:  # a CPU-only pod has no GPUs to direct
             await self._catch_up(args.node, listing)
+            # A bind to this node just before may have taken the room the guard saw; a release
+            # on its way may give it back (extender.roomwait).
+            await wait_for_room(self._view, args.node, request)
         elif listing is not None:
             await self.discard_task(listing)
         split = self._view.direct(args.pod_uid, args.node, request) if request is not None else ()

@@ -18,6 +18,10 @@ the tier filter and `sharepack_extender_predictions_total` work unchanged.
   allocated for the first time is judged here, against what the node's scorer (the state
   before the claim) predicts for the pod's request as filter and prioritize saw it; a pod the
   view already assumed is left to the view, which judges it when the claim arrives.
+* A GPU published both as a whole-GPU device and as replica devices is in both resources of
+  its state (a replica taken makes the whole GPU taken); the view is built with `WHOLE_OF`, so
+  the node policy ranks it by its free replicas, as `common.drascoring` does: in the
+  two-resource view `fragaware` would count a GPU with one replica taken as having none free.
 * Slices have no heartbeat: a node's state is as fresh as its slices, which its kubelet plugin
   withdraws when it stops, so the DRA mode does not age states (`--state-max-age-seconds` 0).
 * A slice this reader does not understand makes its node unknown (score 0, never filtered
@@ -40,6 +44,9 @@ from sharepack.extender.caches import ClusterView
 log = logging.getLogger(__name__)
 
 SLICES = "resourceslices"
+# A GPU's whole-GPU device and its replica devices exclude each other, so the view lists such a
+# GPU under both resources; the view ranks it by its free replicas (`scoring.whole_as_shares`).
+WHOLE_OF: scoring.WholeOf = (draslices.WHOLE_RESOURCE, draslices.SHARED_RESOURCE)
 JUDGED_KEPT = 100_000
 CLAIMS = "resourceclaims"
 

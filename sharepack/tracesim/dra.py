@@ -86,9 +86,13 @@ class DraScorer(SharedScorer):
     replicas it takes per GPU, and (for a ranking extender) the node policy's score of that
     placement. A `kubescheduler.Extender`, memoised per node view as `SharedScorer`."""
 
-    def __init__(self, policy: Policy | NodePolicy, replicas: int, order: DeviceOrder, whole: WholeGpus) -> None:
-        # The request and the node view: shares in replicas, whole GPUs as `whole` says.
-        super().__init__(policy, ShareModel.MILLI if whole is WholeGpus.GPU else ShareModel.REPLICAS, replicas)
+    def __init__(
+        self, policy: Policy | NodePolicy, replicas: int, order: DeviceOrder, whole: WholeGpus, *, gpu_models: bool = False
+    ) -> None:
+        # The request and the node view: shares in replicas, whole GPUs as `whole` says;
+        # `gpu_models` as the kube rows' extender (the deployed one's typical workload names none).
+        model = ShareModel.MILLI if whole is WholeGpus.GPU else ShareModel.REPLICAS
+        super().__init__(policy, model, replicas, gpu_models=gpu_models)
         self.order = order
 
     def _score(self, alloc_row: IntArray, request: PodRequest, admitted: tuple[int, int] | None) -> Verdict:
@@ -136,6 +140,7 @@ def scheduler(
     replicas: int,
     order: DeviceOrder,
     whole: WholeGpus = WholeGpus.GPU,
+    gpu_models: bool = False,
 ) -> DraScheduler:
     """`dra` (kube-scheduler's defaults, no extender) or `dra-<node policy>` (the extender as
     `config` deploys it)."""
@@ -151,7 +156,7 @@ def scheduler(
         raise PolicyError(f"invalid --policy {name}: want {ALONE} or {PREFIX}<node policy>") from None
     if policy is NodePolicy.SPREAD:
         raise PolicyError(f"invalid --policy {name}: spread ranks nodes as distributed; use {PREFIX}distributed")
-    ranker = DraScorer(policy, replicas, order, whole)
+    ranker = DraScorer(policy, replicas, order, whole, gpu_models=gpu_models)
     return DraScheduler(
         ranker, KubeScheduler(config, extender=ranker, placer=placer, tier_width=tier_width, replicas=replicas)
     )

@@ -31,8 +31,10 @@ KUBE_BASELINES = {"kube-default": kubescheduler.KUBE_DEFAULT, "kube-binpack": ku
 # kube-model flags say: the configuration the README's headline figures are of.
 SHIPPED = "shipped"
 OURS = ("packed", "distributed", fragaware.NAME, NodePolicy.FRAGAWARE.value, SHIPPED)
-# The DRA mode (`tracesim.dra`): the scheduler's first fit alone, and with our extender ranking.
-DRA = (dra.ALONE, *(dra.PREFIX + p for p in EXTENDER))
+# The DRA mode (`tracesim.dra`): the scheduler's first fit alone, and with our extender ranking;
+# `dra-shipped`: exactly what deploy/dra ships (`common.shipped`), whatever the kube-model flags say.
+DRA_SHIPPED = dra.PREFIX + SHIPPED
+DRA = (dra.ALONE, *(dra.PREFIX + p for p in EXTENDER), DRA_SHIPPED)
 NAMES = STUDY + OURS + tuple(KUBE_BASELINES) + DRA
 
 
@@ -94,6 +96,17 @@ def resolve(
             raise PolicyError(f"invalid --policy {name} with --scheduler-model {scheduler}: it runs only in the kube model")
         kube = KubeOptions(kubescheduler.SHAREPACK, shipped.FILTER_TIER_WIDTH, shipped.DIRECTED_GPUS, gpu_models=True)
         return resolve(str(shipped.NODE_POLICY), replicas=replicas, scheduler=scheduler, kube=kube, label=SHIPPED)
+    if name == DRA_SHIPPED:
+        if scheduler is not SchedulerModel.KUBE:
+            raise PolicyError(f"invalid --policy {name} with --scheduler-model {scheduler}: it runs only in the kube model")
+        # deploy/dra: deploy/scheduler's configuration and base's tier, the agents' `packed` order
+        # (GPU by GPU, static), whole-GPU pods on whole-GPU devices (the model's default).
+        kube = KubeOptions(
+            kubescheduler.SHAREPACK, shipped.FILTER_TIER_WIDTH, shipped.DIRECTED_GPUS, gpu_models=False,
+            dra_order=dra.DeviceOrder.INDEX, dra_whole=dra.WholeGpus.GPU,
+        )  # fmt: skip
+        spec = resolve(dra.PREFIX + str(shipped.DRA_NODE_POLICY), replicas=replicas, scheduler=scheduler, kube=kube)
+        return PolicySpec(DRA_SHIPPED, spec.scorer, spec.replicas, spec.model)
     if scheduler is SchedulerModel.KUBE and dra.is_dra(name):
         sharing.check_replicas(replicas)
         allocating = dra.scheduler(
@@ -103,6 +116,7 @@ def resolve(
             replicas=replicas,
             order=kube.dra_order,
             whole=kube.dra_whole,
+            gpu_models=kube.gpu_models,
         )
         return PolicySpec(name, allocating, replicas, SchedulerModel.KUBE)
     if scheduler is SchedulerModel.KUBE:

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from sharepack.agent import options
+from sharepack.agent import options, registering
 from sharepack.agent.directing import Director, Fallback
 from sharepack.agent.errors import OptionsError
 from sharepack.common import directions
 from sharepack.common.directions import ContainerDirections, Directions
 from sharepack.common.resources import Resource, build_resources
-from tests.agent.harness import config, gpu_uuid, plain_gpus, time_slicing
+from sharepack.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from tests.agent.harness import config, fake_kubelet, gpu_uuid, plain_gpus, running_agent, time_slicing
 
 NODE = "node-a"
 RES = "nvidia.com/gpu"
@@ -161,13 +164,14 @@ async def test_an_answered_pod_leaves_the_way_for_the_next_one() -> None:
 
 
 async def test_of_several_pending_pods_the_one_the_kubelet_admits_first_is_directed() -> None:
-    """A burst bound three one-replica pods to the node: the kubelet admits them oldest first
-    (creation time, then the bind's resourceVersion), and finishes a started pod first."""
+    """A burst bound three one-replica pods to the node: the kubelet admits them in the order
+    they were bound (its watch's order: lowest resourceVersion first), whenever each was
+    created, and finishes a started pod first."""
     t0, t1 = "2026-12-01T10:00:00Z", "2026-12-01T10:00:01Z"
     pods = [
-        pod("late", ("main", 1), ann=annotation(NODE, ("main", [G1])), created=t1, rv="7"),
+        pod("late", ("main", 1), ann=annotation(NODE, ("main", [G1])), created=t0, rv="10"),
         pod("second", ("main", 1), ann=annotation(NODE, ("main", [G0])), created=t0, rv="9"),
-        pod("first", ("main", 1), ann=annotation(NODE, ("init", [G0]), ("main", [G1])), created=t0, rv="8",
+        pod("first", ("main", 1), ann=annotation(NODE, ("init", [G0]), ("main", [G1])), created=t1, rv="8",
             init=(("init", 1),)),
     ]  # fmt: skip
     d = director(pods)
@@ -177,6 +181,76 @@ async def test_of_several_pending_pods_the_one_the_kubelet_admits_first_is_direc
     assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G0}::1"]  # second
     assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G1}::0"]  # late
     assert d.counters.honoured == 4
+
+
+async def test_look_alike_pods_created_in_one_order_and_bound_in_the_other_keep_their_own_gpus() -> None:
+    """The chaos soak's misses: `older` was created first, failed to schedule, and was bound
+    after `newer`. The kubelet admits `newer` first (bind order), so the first request is
+    newer's; ordering by creation time used to hand it older's GPU, and the two swapped."""
+    older = pod("older", ("main", 1), ann=annotation(NODE, ("main", [G1])), created="2026-12-01T10:00:00Z", rv="41")
+    newer = pod("newer", ("main", 1), ann=annotation(NODE, ("main", [G0])), created="2026-12-01T10:00:03Z", rv="40")
+    d = director([older, newer])
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G0}::0"]
+    assert await d.choose(resource(), ALL[1:], [], 1) == [f"{G1}::0"]
+    assert d.holders() == {f"{G0}::0": "uid-newer", f"{G1}::0": "uid-older"}
+
+
+async def test_a_pod_seen_first_goes_first_though_written_after_its_binding() -> None:
+    """The watch brought `first` before `second`; an update to `first` since (a label, say)
+    gave it the higher resourceVersion. The order the Director first saw them in still holds."""
+    pods = [pod("first", ("main", 1), ann=annotation(NODE, ("main", [G1])), rv="50")]
+    d = director(pods)
+    assert await d.choose(resource(), ALL, [], 2) is None  # a look at the pods: first is seen
+    pods[0] = pod("first", ("main", 1), ann=annotation(NODE, ("main", [G1])), rv="60")
+    pods.append(pod("second", ("main", 1), ann=annotation(NODE, ("main", [G0])), rv="55"))
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G1}::0"]
+    assert await d.choose(resource(), [x for x in ALL if x != f"{G1}::0"], [], 1) == [f"{G0}::0"]
+    assert d.counters.honoured == 2
+
+
+async def test_the_devices_directed_to_pods_still_to_come_are_spoken_for() -> None:
+    pods = [
+        pod("undirected", ("main", 1), rv="1"),
+        pod("next", ("main", 1), ann=annotation(NODE, ("main", [G1])), rv="2"),
+        pod("pair", ("main", 2), ann=annotation(NODE, ("main", [G0, G1])), rv="3"),
+        pod("forged", ("main", 1), ann=annotation(NODE, ("ghost", [G0, G0, G0])), rv="4"),  # believed nowhere
+    ]
+    d = director(pods)
+    kept = d.spoken_for(resource(), ALL)
+    assert sorted(kept) == sorted([f"{G0}::3", f"{G1}::3", f"{G1}::2"])
+    assert await d.choose(resource(), ALL, [], 1) is None  # undirected: the node's policy
+    assert await d.choose(resource(), ALL, [], 1) == [f"{G1}::0"]  # next
+    assert sorted(d.spoken_for(resource(), ALL[:4] + ALL[5:])) == sorted([f"{G0}::3", f"{G1}::3"])  # pair's
+
+
+async def test_the_nodes_policy_leaves_the_gpus_directed_to_pods_still_to_come() -> None:
+    """The soak's cascades: an undirected pod (bound while the extender's view trailed) took,
+    by `packed`, the GPU the extender had just directed the next pod to, which then fell back
+    too. The policy now answers around such devices when the others are enough."""
+    packed = config(time_slicing(4), **{"shared-devices-allocation-policy": "packed"})
+    async with fake_kubelet() as kubelet, running_agent(kubelet, packed, plain_gpus(2)) as agent:
+        pods = [
+            pod("undirected", ("main", 1), rv="1"),
+            pod("next", ("main", 4), ann=annotation(NODE, ("main", [G0, G0, G0, G0])), rv="2"),
+        ]
+        agent.director = director(pods)
+        path = agent.server_sockets()[RES]
+        async with grpc.aio.insecure_channel(registering.unix_target(Path(path))) as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+
+            async def preferred(available: list[str], size: int) -> list[str]:
+                reply = await stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)
+                ]))  # fmt: skip
+                return list(reply.container_responses[0].deviceIDs)
+
+            (first,) = await preferred(ALL, 1)
+            assert first.startswith(G1)  # packed alone would take GPU 0's first replica
+            assert sorted(await preferred([x for x in ALL if x != first], 4)) == ALL[:4]  # next: GPU 0 whole
+            # With too little left elsewhere, the policy takes what the kubelet offers.
+            pods.append(pod("late", ("main", 2), rv="3"))
+            pods.append(pod("after", ("main", 4), ann=annotation(NODE, ("main", [G1, G1, G1, G1])), rv="4"))
+            assert len(await preferred(ALL[4:], 2)) == 2
 
 
 async def test_it_waits_for_the_pod_watch_to_catch_up_with_the_kubelet() -> None:

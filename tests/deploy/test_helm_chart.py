@@ -24,6 +24,7 @@ from sharepack.common import config as agent_config
 from sharepack.common import policies
 from sharepack.extender.bindguard import UnscoredBinds
 from tests.conftest import kubectl
+from tests.deploy import references
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -31,7 +32,7 @@ CHART = DEPLOY / "helm" / "sharepack"
 BUILDER = DEPLOY / "helm" / "tool" / "build.py"
 K8S_VERSION = "1.33.0"
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
-AGENT_CONFIGMAP = ("ConfigMap", "sharepack-system", "sharepack-agent-config")
+AGENT_CONFIGMAP = ("ConfigMap", "sharepack-node", "sharepack-agent-config")
 # Values files that stand for an overlay: ci/<overlay>-values.yaml renders what deploy/overlays/<overlay> builds.
 OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if p.is_dir())
 VALUES_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
@@ -218,7 +219,7 @@ def test_named_configs_become_configmap_keys_the_agent_loads(helm: Path) -> None
     assert sorted(data) == ["a100-mig", "default"]
     cfg = agent_config.load_config(file_text=yaml.safe_dump(data["a100-mig"]), file_source="a100-mig", env={}, flags={})
     assert str(cfg.mig_strategy) == "mixed"
-    (container,) = docs[("DaemonSet", "sharepack-system", "sharepack-agent")]["spec"]["template"]["spec"]["containers"]
+    (container,) = docs[("DaemonSet", "sharepack-node", "sharepack-agent")]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "ghcr.io/sharepack/sharepack@sha256:" + "0" * 64
     deployment = docs[("Deployment", "sharepack-system", "sharepack-extender")]
     assert deployment["spec"]["replicas"] == 3
@@ -257,10 +258,10 @@ def test_tls_secret_ports_and_scheduler_sources_come_from_values(helm: Path) -> 
                                  {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]  # fmt: skip
     service = docs[("Service", "sharepack-system", "sharepack-extender")]["spec"]["ports"]
     assert [(p["name"], p["port"]) for p in service] == [("https", 8443), ("metrics", 9500)]
-    (agent,) = docs[("DaemonSet", "sharepack-system", "sharepack-agent")]["spec"]["template"]["spec"]["containers"]
+    (agent,) = docs[("DaemonSet", "sharepack-node", "sharepack-agent")]["spec"]["template"]["spec"]["containers"]
     assert "--metrics-listen=0.0.0.0:9600" in agent["args"]
     assert agent["ports"] == [{"name": "metrics", "containerPort": 9600, "protocol": "TCP"}]
-    agent_policy = docs[("NetworkPolicy", "sharepack-system", "sharepack-agent")]["spec"]["ingress"]
+    agent_policy = docs[("NetworkPolicy", "sharepack-node", "sharepack-agent")]["spec"]["ingress"]
     assert agent_policy == [{"ports": [{"port": 9600, "protocol": "TCP"}]}]
     extender_policy = docs[("NetworkPolicy", "sharepack-system", "sharepack-extender")]["spec"]["ingress"]
     assert extender_policy == [
@@ -292,7 +293,7 @@ def test_extender_off_installs_no_extender_objects(helm: Path) -> None:
     assert not [k for k in docs if "sharepack-extender" in k[2]]
     # Nor its admission policies (they name its account); the agent's stays.
     assert [k[2] for k in docs if k[0] == "ValidatingAdmissionPolicy"] == ["sharepack-agent-own-node"]
-    assert ("DaemonSet", "sharepack-system", "sharepack-agent") in docs
+    assert ("DaemonSet", "sharepack-node", "sharepack-agent") in docs
 
 
 def test_one_replica_gets_no_disruption_budget_that_would_block_every_drain(helm: Path) -> None:
@@ -301,17 +302,31 @@ def test_one_replica_gets_no_disruption_budget_that_would_block_every_drain(helm
     assert docs[("Deployment", "sharepack-system", "sharepack-extender")]["spec"]["replicas"] == 1
 
 
-def test_custom_namespace_reaches_every_object_and_the_admission_rule(helm: Path) -> None:
-    docs = _render(helm, sets=("namespace.name=gpu-system",))
-    # Every object but the agent's Events Role and its binding: the API server files events
-    # about a Node in `default` only.
+def test_custom_namespaces_reach_every_object_and_the_admission_rules(helm: Path) -> None:
+    docs = _render(helm, sets=("namespace.name=ops-system", "namespace.agent=ops-node", "scheduler.enabled=true"))
+    assert not list(references.problems(docs))
+    # Every object but the agent's Events Role and its binding (the API server files events about
+    # a Node in `default` only) is in one of the two namespaces: the agent's in ops-node.
     namespaced = [d for d in docs if "namespace" in d["metadata"] and d["metadata"]["name"] != "sharepack-agent-events"]
-    assert namespaced and {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
-    # The admission policies' parameters are the accounts in the release's namespace.
+    agents = {(d["kind"], d["metadata"]["name"]) for d in namespaced if d["metadata"]["namespace"] == "ops-node"}
+    assert agents == {("ServiceAccount", "sharepack-agent"), ("ConfigMap", "sharepack-agent-config"),
+                      ("DaemonSet", "sharepack-agent"), ("Role", "sharepack-agent-config"),
+                      ("RoleBinding", "sharepack-agent-config"), ("NetworkPolicy", "sharepack-agent")}  # fmt: skip
+    assert {d["metadata"]["namespace"] for d in namespaced} == {"ops-node", "ops-system"}
+    # The admission policies' parameters are the accounts in their namespaces.
     refs = {d["metadata"]["name"]: d["spec"]["paramRef"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert len(refs) == 3 and {r["namespace"] for r in refs.values()} == {"gpu-system"}
-    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
-    assert ns["metadata"]["name"] == "gpu-system"
+    assert {k: r["namespace"] for k, r in refs.items()} == {
+        "sharepack-agent-own-node": "ops-node", "sharepack-extender-pod-writes": "ops-system",
+        "sharepack-gpu-directions": "ops-system",
+    }  # fmt: skip
+    levels = {d["metadata"]["name"]: d["metadata"]["labels"][references.ENFORCE] for d in docs if d["kind"] == "Namespace"}
+    assert levels == {"ops-node": "privileged", "ops-system": "restricted"}
+
+
+@pytest.mark.parametrize("values", ["", *VALUES_FILES], ids=lambda v: v or "defaults")
+def test_every_render_holds_its_references_together(helm: Path, values: str) -> None:
+    docs = _render(helm, *([values] if values else []), sets=("scheduler.enabled=true",))
+    assert not list(references.problems(docs))
 
 
 @pytest.mark.parametrize(
@@ -324,6 +339,8 @@ def test_custom_namespace_reaches_every_object_and_the_admission_rule(helm: Path
         (("scheduler.enabled=true", "extender.enabled=false"), "scheduler.enabled: the scheduler configuration names the extender"),
         (("config.named.default.version=v1",), "config.named.default: the name `default`"),
         (("extender.unscoredBinds=allow",), "at '/extender/unscoredBinds': value must be one of"),
+        (("namespace.agent=sharepack-system",), 'namespace.agent and namespace.name are both "sharepack-system"'),
+        (("namespace.agent=Node",), "at '/namespace/agent': 'Node' does not match pattern"),
         (("extender.schedulerCIDRs={10.0.0.1}",), "at '/extender/schedulerCIDRs/0': '10.0.0.1' does not match pattern"),
         (("extender.tls.secretName=Extender_TLS",), "at '/extender/tls/secretName': 'Extender_TLS' does not match pattern"),
         (("scheduler.tls.caFile=ca.crt",), "at '/scheduler/tls/caFile': 'ca.crt' does not match pattern"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from sharepack.common import config as agent_config
 from sharepack.common import resources
 from sharepack.common import state
 from tests.conftest import kubectl
+from tests.deploy import references
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -84,10 +86,19 @@ def test_kustomizations_list_files_that_exist() -> None:
         doc = yaml.safe_load(kustomization.read_text())
         for entry in [*doc.get("resources", []), *(p["path"] for p in doc.get("patches", []) if "path" in p)]:
             assert (kustomization.parent / entry).exists(), f"{kustomization}: {entry} missing"
-    base_dir = DEPLOY / "base"
-    listed = {(base_dir / r).resolve() for r in yaml.safe_load((base_dir / "kustomization.yaml").read_text())["resources"]}
     base = {p.resolve() for p in _manifest_files() if "base" in p.relative_to(DEPLOY).parts}
-    assert base == listed, "a base manifest is missing from deploy/base/kustomization.yaml"
+    assert base == _listed(DEPLOY / "base"), "a base manifest is listed by no kustomization under deploy/base"
+
+
+def _listed(directory: Path) -> set[Path]:
+    """The manifest files a kustomization lists, following its resources and components into
+    the kustomizations they name."""
+    doc = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    out: set[Path] = set()
+    for entry in [*doc.get("resources", []), *doc.get("components", [])]:
+        path = (directory / entry).resolve()
+        out |= _listed(path) if path.is_dir() else {path}
+    return out
 
 
 @pytest.mark.parametrize("target", ["base", "overlays/time-slicing", "overlays/mig", "overlays/scheduler-cidrs", "dra"])
@@ -328,24 +339,100 @@ def test_admission_policies_and_rbac_name_the_service_accounts_that_exist() -> N
                 assert (subject["namespace"], subject["name"]) in accounts
 
 
+BUILDS = ["base", *(f"overlays/{p.name}" for p in sorted((DEPLOY / "overlays").iterdir()) if p.is_dir()), "dra"]
+
+
+def _build(directory: Path) -> list[dict[str, Any]]:
+    built = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
+@pytest.mark.parametrize("target", BUILDS)
+def test_every_build_holds_its_references_together(target: str) -> None:
+    """Every RBAC subject, admission parameter, workload account, ConfigMap reference and
+    selector names an object of the build, and the agent runs in a `privileged` namespace, the
+    extender in a `restricted` one (tests/deploy/references.py)."""
+    docs = _build(DEPLOY / target)
+    assert not list(references.problems(docs))
+    assert references.namespace_of(docs, "DaemonSet", "sharepack-agent") != references.namespace_of(
+        docs, "Deployment", "sharepack-extender"
+    )
+
+
+def test_the_base_puts_the_agent_and_the_extender_in_the_namespaces_the_docs_name() -> None:
+    """Issue 24.13: both ran in one `privileged` namespace, so the extender (or anything else
+    deployed beside the agent) could run with host paths and as root."""
+    docs = _build(DEPLOY / "base")
+    labels = {d["metadata"]["name"]: d["metadata"]["labels"] for d in docs if d["kind"] == "Namespace"}
+    assert {name: lbl[references.ENFORCE] for name, lbl in labels.items()} == {
+        "sharepack-node": "privileged", "sharepack-system": "restricted",
+    }  # fmt: skip
+    assert all(lbl["pod-security.kubernetes.io/enforce-version"] == "latest" for lbl in labels.values())
+    agent_side = {d["kind"] for d in docs if references.object_namespace(d) == "sharepack-node"}
+    assert agent_side == {"ServiceAccount", "ConfigMap", "DaemonSet", "Role", "RoleBinding", "NetworkPolicy"}
+    assert references.namespace_of(docs, "Deployment", "sharepack-extender") == "sharepack-system"
+
+
 @pytest.mark.parametrize("target", ["base", "dra"])
-def test_an_overlay_that_moves_and_renames_the_accounts_moves_the_policies_parameters(tmp_path: Path, target: str) -> None:
-    """Issue 24.3: the agent's policy named `sharepack-system:sharepack-agent` literally, so an
-    overlay with `namespace: gpu-system` left it matching no one. Now each binding's parameter is
-    the account itself, and deploy/base/kustomizeconfig.yaml has kustomize move it along."""
+def test_one_namespace_over_the_whole_install_is_refused(tmp_path: Path, target: str) -> None:
+    """`namespace:` over everything would put the extender in the agent's privileged namespace
+    (or the agent in the restricted one): kustomize refuses, as both Namespace objects would get
+    the one name. Renaming goes part by part (deploy/overlays/namespaces)."""
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     base = os.path.relpath(DEPLOY / target, overlay)  # kustomize takes no absolute base
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump({"namespace": "gpu-system", "namePrefix": "gpu-", "resources": [base]})
-    )
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({"namespace": "gpu-system", "resources": [base]}))
     built = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
-    assert built.returncode == 0, built.stderr
-    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
-    parameters = _policy_parameters(docs, prefix="gpu-")
-    expected = POLICY_ACCOUNTS if target == "dra" else BASE_POLICY_ACCOUNTS
-    assert parameters == {policy: ("gpu-system", f"gpu-{account}") for policy, account in expected.items()}
-    assert set(parameters.values()) <= _accounts(docs)
+    assert built.returncode != 0 and "namespace transformation produces ID conflict" in built.stderr, built.stderr
+
+
+def renaming_overlay(tmp: Path, agent_ns: str, extender_ns: str, prefix: str = "") -> Path:
+    """deploy/overlays/namespaces with other names, as an operator copies it: the top
+    kustomization verbatim, each part's `namespace:` edited (and `namePrefix`, when given)."""
+    overlay = tmp / "renamed"
+    shutil.copytree(DEPLOY / "overlays" / "namespaces", overlay)
+    top = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    here = DEPLOY / "overlays" / "namespaces"
+    top["resources"] = [r if not r.startswith("..") else os.path.relpath((here / r).resolve(), overlay) for r in top["resources"]]
+    top["components"] = [os.path.relpath((here / c).resolve(), overlay) for c in top["components"]]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(top))
+    for part, namespace in (("agent", agent_ns), ("extender", extender_ns)):
+        doc = yaml.safe_load((overlay / part / "kustomization.yaml").read_text())
+        doc["namespace"] = namespace
+        doc["resources"] = [os.path.relpath(DEPLOY / "base" / part, overlay / part)]
+        if prefix:
+            doc["namePrefix"] = prefix
+        (overlay / part / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    return overlay
+
+
+def test_renaming_each_namespace_moves_every_reference_with_it(tmp_path: Path) -> None:
+    """Issue 24.3 and 24.13: each part renamed by its own `namespace:`: the Namespace objects keep their Pod Security levels; RBAC subjects, the admission policies'
+    parameters, the agent's Events binding (which stays in `default`), the agent's ConfigMap
+    reference and the NetworkPolicies all follow; nothing is left in the old namespaces."""
+    docs = _build(renaming_overlay(tmp_path, "ops-node", "ops-system"))
+    assert not list(references.problems(docs))
+    labels = {d["metadata"]["name"]: d["metadata"]["labels"][references.ENFORCE] for d in docs if d["kind"] == "Namespace"}
+    assert labels == {"ops-node": "privileged", "ops-system": "restricted"}
+    assert not [d for d in docs if references.object_namespace(d) in ("sharepack-node", "sharepack-system")]
+    parameters = _policy_parameters(docs)
+    assert parameters == {
+        policy: ("ops-node" if account == "sharepack-agent" else "ops-system", account)
+        for policy, account in BASE_POLICY_ACCOUNTS.items()
+    }
+    (events,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "sharepack-agent-events"]
+    assert events["metadata"]["namespace"] == "default"
+    assert events["subjects"] == [{"kind": "ServiceAccount", "name": "sharepack-agent", "namespace": "ops-node"}]
+    daemonset = references.workload(docs, "DaemonSet", "sharepack-agent")
+    args = references.expanded_args(daemonset["spec"]["template"]["spec"]["containers"][0], "ops-node")
+    assert "--node-config-configmap=ops-node/sharepack-agent-config" in args
+
+
+def test_the_shipped_renaming_overlay_builds_what_it_says() -> None:
+    docs = _build(DEPLOY / "overlays" / "namespaces")
+    assert references.namespace_of(docs, "DaemonSet", "sharepack-agent") == "gpu-node"
+    assert references.namespace_of(docs, "Deployment", "sharepack-extender") == "gpu-system"
 
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"

@@ -3,6 +3,7 @@ counted on, before the Binding exists (extender.directing), through the sandbox 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from kubernetes import config
@@ -96,6 +97,53 @@ async def test_a_pod_this_replica_never_scored_is_read_and_directed(server: Fake
         pod = server.store.get(kinds.PODS, "default", "elsewhere")
         d = directions.decode(pod["metadata"]["annotations"][directions.ANNOTATION], where="test")
         assert directions.placement(d) == {SHARED: ("GPU-0",)} == svc.view.assumed[uid].placement
+    finally:
+        await svc.stop()
+
+
+async def test_a_bind_that_finds_the_node_full_waits_for_a_release_on_its_way(
+    server: FakeApiServer, tmp_short: Path
+) -> None:
+    """kube-scheduler saw a deletion our view had not yet: the node looks full here when the
+    bind arrives, and the release lands tens of milliseconds later. The bind waits for it and
+    directs the pod, instead of refusing it (kube-scheduler then binds it itself, undirected,
+    onto GPUs the next pods were directed to: the soak's cascades of missed predictions)."""
+    svc = await started(server, tmp_short)
+    try:
+        uid = create_pod(server, "late-room", 2)
+        pod = server.store.get(kinds.PODS, "default", "late-room")
+        assert (await call(svc, "POST", "/filter", {"Pod": pod, "NodeNames": ["node-a"]}))[0] == 200
+        publish(server, "node-a", [(4, 4, ("old",)), (4, 4, ("gone",))])  # full, in our view
+        await until(svc, lambda: allocated(svc, "node-a") == [4, 4])
+
+        async def released() -> None:
+            await asyncio.sleep(0.05)
+            publish(server, "node-a", [(4, 4, ("old",)), (4, 0, ())])  # "gone" is gone
+
+        later = asyncio.create_task(released())
+        code, reply = await call(svc, "POST", "/bind",
+                                 {"PodName": "late-room", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"})  # fmt: skip
+        await later
+        assert (code, reply) == (200, {"Error": ""})
+        bound = server.store.get(kinds.PODS, "default", "late-room")
+        d = directions.decode(bound["metadata"]["annotations"][directions.ANNOTATION], where="test")
+        assert directions.placement(d) == {SHARED: ("GPU-1", "GPU-1")} == svc.view.assumed[uid].placement
+    finally:
+        await svc.stop()
+
+
+async def test_a_node_that_stays_full_is_still_refused(server: FakeApiServer, tmp_short: Path) -> None:
+    svc = await started(server, tmp_short)
+    try:
+        uid = create_pod(server, "no-room", 2)
+        pod = server.store.get(kinds.PODS, "default", "no-room")
+        assert (await call(svc, "POST", "/filter", {"Pod": pod, "NodeNames": ["node-a"]}))[0] == 200
+        publish(server, "node-a", [(4, 4, ("old",)), (4, 3, ("other",))])
+        await until(svc, lambda: allocated(svc, "node-a") == [4, 3])
+        code, reply = await call(svc, "POST", "/bind",
+                                 {"PodName": "no-room", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"})  # fmt: skip
+        assert code == 200 and "bind refused (node-not-feasible)" in reply["Error"], reply
+        assert not server.store.get(kinds.PODS, "default", "no-room")["spec"].get("nodeName")
     finally:
         await svc.stop()
 

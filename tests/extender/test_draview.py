@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sharepack.common.policies import Policy
+from sharepack.common import draslices, drascoring, scoring
+from sharepack.common.policies import NodePolicy, Policy
 from sharepack.common.podrequests import ContainerKind, ContainerRequest, PodRequest
+from sharepack.extender import __main__ as extender_main
 from sharepack.extender.caches import ClusterView
-from sharepack.extender.draview import DraStates, claim_handler, slice_handler
+from sharepack.extender.draview import WHOLE_OF, DraStates, claim_handler, slice_handler
 from tests.extender.test_caches import SHARED, Clock, pod_obj, predictions
-from tests.scoring.test_dra import claim, replica_devices, rslice
+from tests.scoring.test_dra import WHOLE, claim, replica_devices, rslice, whole_devices
 
 
 def make() -> tuple[ClusterView, DraStates]:
@@ -142,3 +144,26 @@ def test_a_claim_allocated_before_its_pod_on_another_gpu_is_a_mismatch() -> None
     allocated_claim["status"]["reservedFor"][0]["uid"] = "p1"
     states.upsert_claim(allocated_claim)
     assert predictions(view) == {"match": 0, "mismatch": 1}
+
+
+def test_fragaware_counts_a_gpu_with_replicas_taken_by_its_free_replicas_not_as_a_taken_whole_gpu() -> None:
+    """A node publishing whole-GPU devices next to the replica devices: a GPU with one of its 4
+    replicas taken is 750 milli free for the next share (its whole-GPU device is not free, and
+    the filter still says so), and the extender's `fragaware` ranks the node as the simulator's
+    DRA scorer does (`common.drascoring`)."""
+    opts = extender_main.parse_args(["--insecure-http", "--mode=dra", "--node-policy=fragaware"])
+    view = extender_main.Service(opts).view  # as the extender's composition root builds it
+    states = DraStates(view, now=lambda: "2026-12-02T00:00:00Z")
+    devices = whole_devices(2) + replica_devices(2, 4)
+    states.replace_slices([rslice(devices, pool="node-a")])
+    states.replace_claims([claim("gpu-0-replica-0", pool="node-a", pod="old")])
+    scorer = view.scorers["node-a"]
+    # Ranked as a node whose GPU 0 has 3 of 4 replicas free (750 milli-GPU), GPU 1 all.
+    assert scoring.free_shares(scoring.whole_as_shares(scorer.state, {}, WHOLE_OF)[0]) == {"GPU-0": 750, "GPU-1": 1000}
+    whole = PodRequest("w", "default", "w", (ContainerRequest("c", ContainerKind.APP, ((WHOLE, 2),)),))
+    assert not scorer.verdict(whole).feasible  # GPU 0's whole device is not free
+    node = draslices.dra_node("node-a", draslices.pool_devices([rslice(devices, pool="node-a")], "node-a") or (),
+                              draslices.claim_holdings(claim("gpu-0-replica-0", pool="node-a", pod="old")))  # fmt: skip
+    for n in (1, 3, 4):
+        ours, simulated = scorer.score(one(n)), drascoring.score_node(node, one(n), NodePolicy.FRAGAWARE)
+        assert (ours.score, ours.rank, dict(ours.placement)) == (simulated.score, simulated.rank, dict(simulated.placement)), n

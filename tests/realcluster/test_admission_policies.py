@@ -3,15 +3,15 @@
 * the extender may only bind pods and write the `sharepack.io/gpus` annotation of a pod not
   bound yet, changing nothing else (issue 21: its `patch pods` right used to swap images);
 * only the extender may set or change that annotation, whoever else asks (issue 24.1);
-* with kustomize, an overlay that moves and renames the service accounts moves the policies'
-  parameters with them: the agent's policy still holds (issue 24.3).
+* with kustomize, an overlay that moves and renames the service accounts (each part by its own
+  `namespace:`, deploy/overlays/namespaces) moves the policies' parameters with them: the
+  agent's policy still holds (issue 24.3).
 
 The in-process sandbox API server evaluates no admission policy: only these tests show them."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,6 +28,7 @@ from sharepack.common import state as gpustate
 from sharepack.sandbox.controlplane import plane as controlplane
 from sharepack.sandbox.controlplane.plane import RealControlPlane
 from sharepack.sandbox.controlplane.identities import Identities
+from tests.deploy.test_manifests import renaming_overlay
 
 DEPLOY_BASE = Path(__file__).resolve().parents[2] / "deploy" / "base"
 JSON_PATCH = "application/json-patch+json"
@@ -235,17 +236,13 @@ def test_a_user_cannot_add_change_or_remove_directions_but_may_edit_the_rest(clu
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 PREFIX = "gpu-"
-OVERLAY_NAMESPACE = "gpu-system"
+OVERLAY_NAMESPACE = "gpu-node"  # the agent's; the extender's is gpu-system
 
 
 def _overlay(tmp: Path) -> Path:
-    overlay = tmp / "overlay"
-    overlay.mkdir()
-    base = os.path.relpath(DEPLOY_BASE, overlay)  # kustomize takes no absolute base
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump({"namespace": OVERLAY_NAMESPACE, "namePrefix": PREFIX, "resources": [base]})
-    )
-    return overlay
+    """deploy/overlays/namespaces as an operator copies it, each part with a `namePrefix` too, so
+    that the overlay sits beside the session's deploy/base."""
+    return renaming_overlay(tmp, OVERLAY_NAMESPACE, "gpu-system", prefix=PREFIX)
 
 
 def _nodegpustate(node: str) -> dict[str, Any]:
@@ -256,16 +253,18 @@ def _nodegpustate(node: str) -> dict[str, Any]:
 def test_in_a_namespace_overlay_an_agent_still_writes_only_its_own_nodes_state(
     real_control_plane: RealControlPlane, tmp_short: Path
 ) -> None:
-    """`namespace: gpu-system` (and a `namePrefix`, so that the overlay sits beside the session's
-    deploy/base): the agent runs as gpu-system:gpu-sharepack-agent. The literal policy matched
-    sharepack-system:sharepack-agent only, and every agent could write every node's state."""
+    """Each part moved by its own `namespace:` (deploy/overlays/namespaces; and a `namePrefix`, so
+    that the overlay sits beside the session's deploy/base): the agent runs as
+    gpu-node:gpu-sharepack-agent. The literal policy matched sharepack-system:sharepack-agent
+    only, and every agent could write every node's state."""
     control = real_control_plane
     rendered = asyncio.run(control.kubectl("kustomize", str(_overlay(tmp_short))))
     # The CRD is the session's already. The overlay's directions policy would reserve the
     # annotation for the overlay's extender, refusing the session's: a second install in one
     # cluster is not what this test is about.
+    # The agent's Events Role in `default` is the session's too (the overlay names it alike).
     docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] != "CustomResourceDefinition"
-            and "gpu-directions" not in d["metadata"]["name"]]  # fmt: skip
+            and "gpu-directions" not in d["metadata"]["name"] and d["metadata"]["name"] != "sharepack-agent-events"]  # fmt: skip
     applied = yaml.safe_dump_all(docs).encode()
     asyncio.run(control.kubectl("apply", "--server-side", "--field-manager=overlay-test", "-f", "-", stdin=applied))
     admin_api = controlplane.api_client(control.kubeconfig)

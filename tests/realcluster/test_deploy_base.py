@@ -23,8 +23,9 @@ from sharepack.sandbox.controlplane.plane import RealControlPlane
 from sharepack.sandbox.controlplane.identities import AGENT_DAEMONSET, Identities
 
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crds" / "nodegpustates.yaml"
-NAMESPACE = "sharepack-system"
-AGENT = "system:serviceaccount:sharepack-system:sharepack-agent"
+NAMESPACE = "sharepack-node"  # the agent's (Pod Security privileged)
+EXTENDER_NAMESPACE = "sharepack-system"  # the extender's (restricted)
+AGENT = "system:serviceaccount:sharepack-node:sharepack-agent"
 GROUP, VERSION, PLURAL = gpustate.GROUP, gpustate.VERSION, gpustate.PLURAL
 
 
@@ -174,6 +175,9 @@ AGENT_MAY_NOT = [
     ("create", "events", "", "", NAMESPACE, ""), ("create", "events", "", "", "", ""),
     ("patch", "events", "", "", "default", ""), ("update", "events", "", "", "default", ""),
     ("patch", "pods", "", "", "default", ""), ("create", "pods", "", "exec", "default", ""),
+    # Nothing in the extender's namespace (issue 24.13).
+    ("get", "configmaps", "", "", EXTENDER_NAMESPACE, "sharepack-agent-config"),
+    ("get", "secrets", "", "", EXTENDER_NAMESPACE, "sharepack-extender-tls"),
 ]  # fmt: skip
 EXTENDER_MAY = [
     ("get", "nodegpustates", GROUP, "", "", ""), ("list", "nodegpustates", GROUP, "", "", ""),
@@ -187,10 +191,10 @@ EXTENDER_MAY_NOT = [
     ("create", "nodegpustates", GROUP, "", "", ""), ("update", "nodegpustates", GROUP, "status", "", ""),
     ("delete", "nodegpustates", GROUP, "", "", ""), ("create", "pods", "", "", "default", ""),
     ("update", "pods", "", "", "default", ""), ("delete", "pods", "", "", "default", ""),
-    ("patch", "pods", "", "status", "default", ""), ("get", "secrets", "", "", NAMESPACE, ""),
+    ("patch", "pods", "", "status", "default", ""), ("get", "secrets", "", "", EXTENDER_NAMESPACE, ""),
     ("update", "nodes", "", "", "", ""), ("create", "events", "", "", "default", ""),
     ("patch", "nodes", "", "", "", ""), ("create", "pods", "", "exec", "default", ""),
-    ("create", "pods", "", "eviction", "default", ""), ("create", "serviceaccounts", "", "token", NAMESPACE, "sharepack-extender"),
+    ("create", "pods", "", "eviction", "default", ""), ("create", "serviceaccounts", "", "token", EXTENDER_NAMESPACE, "sharepack-extender"),
 ]  # fmt: skip
 
 

@@ -184,7 +184,7 @@ def test_an_agent_writes_only_its_own_nodes_resourceslices(dra: tuple[Background
     with pytest.raises(Exception, match=f"on its own node {own}, not"):
         kubectl(control, background, "delete", "resourceslice", theirs["metadata"]["name"], kubeconfig=agent)
     # A token of the agent's account bound to no pod names no node: refused too.
-    unbound = control.token_kubeconfig("agent-unbound", background.run(control.service_account_token("sharepack-system", "sharepack-agent")))
+    unbound = control.token_kubeconfig("agent-unbound", background.run(control.service_account_token("sharepack-node", "sharepack-agent")))
     with pytest.raises(Exception, match="names no node"):
         kubectl(control, background, "create", "-f", "-", stdin=foreign_slice(own, own), kubeconfig=unbound)
 

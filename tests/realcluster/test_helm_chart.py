@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sharepack.sandbox.controlplane.plane import RealControlPlane
 from tests.deploy.test_helm_chart import cached_helm  # a skip, or a failure under SHAREPACK_REQUIRE_REAL
@@ -25,6 +26,16 @@ def test_each_render_is_accepted_by_the_real_api_server(real_control_plane: Real
         args += ["--values", str(CHART / "ci" / values)]
     rendered = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert rendered.returncode == 0, rendered.stderr
+    # A dry run creates no Namespace, and the render's other objects live in its namespaces:
+    # those are created for real first (the test must not depend on another test having made them).
+    namespaces = [d for d in yaml.safe_load_all(rendered.stdout) if d and d.get("kind") == "Namespace"]
+    if namespaces:
+        made = subprocess.run(
+            [str(real_control_plane.binaries.path("kubectl")), f"--kubeconfig={real_control_plane.kubeconfig}",
+             "apply", "--server-side", "--force-conflicts", "--field-manager=helm-chart-test", "-f", "-"],
+            input=yaml.safe_dump_all(namespaces), capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
     applied = subprocess.run(
         [str(real_control_plane.binaries.path("kubectl")), f"--kubeconfig={real_control_plane.kubeconfig}",
          "apply", "--server-side", "--dry-run=server", "--force-conflicts", "--field-manager=helm-chart-test",

@@ -13,11 +13,14 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,6 +96,27 @@ def processes_mentioning(paths: list[Path]) -> list[str]:
         if any(n in cmdline for n in needles):
             found.append(entry.name + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
     return found
+
+
+@contextlib.contextmanager
+def demo_in_its_own_group(argv: Sequence[str]) -> Iterator[tuple[subprocess.Popen[bytes], list[Path]]]:
+    """`sharepack-demo argv` as a user starts it from a shell (its own process group, so a
+    Ctrl-C reaches its agents and extender too), with the list the caller fills with the stack's
+    roots. Whatever happens, nothing of the group outlives the block and the roots are gone."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "sharepack.sandbox.drivers.demo", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+    ) as proc:  # fmt: skip
+        roots: list[Path] = []
+        try:
+            yield proc, roots
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # ours: its own session
+            proc.wait()
+            for root in roots:
+                shutil.rmtree(root, ignore_errors=True)
 
 
 def unix_sockets_under(paths: list[Path]) -> list[str]:

@@ -3,7 +3,6 @@ that it leaves nothing behind (no child processes, no sockets, no temp dirs)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import pytest
 from sharepack.common import state as gpustate
 from sharepack.sandbox.drivers import demo
 from tests.conftest import REQUIRE_REAL, kubectls, real_binaries
-from tests.scenario.harness import children, processes_mentioning, unix_sockets_under
+from tests.scenario.harness import children, demo_in_its_own_group, processes_mentioning, unix_sockets_under
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -211,21 +210,8 @@ def test_keep_running_serves_a_cluster_a_user_drives_and_ctrl_c_stops_everything
         f"--control-plane={control_plane}",
     ]  # fmt: skip
     # Ctrl-C reaches the whole foreground process group: the demo and its agents and extender.
-    with subprocess.Popen(
-        [sys.executable, "-m", "sharepack.sandbox.drivers.demo", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-    ) as proc:  # fmt: skip
-        roots: list[Path] = []
-        try:
-            drove = check_keep_running_then_interrupt(proc, roots)
-        finally:
-            # Whatever failed: nothing of the group outlives the test (it is ours: its own session).
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            for root in roots:
-                shutil.rmtree(root, ignore_errors=True)
+    with demo_in_its_own_group(argv) as (proc, roots):
+        drove = check_keep_running_then_interrupt(proc, roots)
     if not drove:
         pytest.skip("no kubectl on PATH and none built: the user-drives-the-cluster block did not run")
 

@@ -155,6 +155,22 @@ def test_a_gpu_taken_whole_has_no_free_replicas_and_a_gpu_with_a_replica_taken_i
     assert per_gpu(state, SHARED) == [("GPU-0", 4, 4), ("GPU-1", 4, 1)]
 
 
+def test_ranked_in_replicas_a_gpu_held_whole_is_taken_and_one_with_a_replica_taken_keeps_the_rest() -> None:
+    devices = whole_devices(3) + replica_devices(3, 4)
+    state = draslices.node_state(node_of([rslice(devices)], [claim("gpu-0"), claim("gpu-1-replica-3", pod="b")]))
+    whole_of = (WHOLE, SHARED)
+    assert scoring.free_shares(state) == {"GPU-0": 0, "GPU-1": 0, "GPU-2": 1000}  # the two-resource view
+    merged, placement = scoring.whole_as_shares(state, {WHOLE: ("GPU-2",)}, whole_of)
+    assert [r.name for r in merged.resources] == [SHARED]
+    assert scoring.free_shares(merged) == {"GPU-0": 0, "GPU-1": 750, "GPU-2": 1000}
+    assert placement == {SHARED: ("GPU-2",) * 4}  # a whole GPU taken is all its replicas
+    assert scoring.free_shares(merged, placement)["GPU-2"] == 0
+    # A whole GPU held while its replicas show none taken (a pod the extender assumed on it
+    # before the claim shows up) is taken in replicas too.
+    assumed = scoring.apply_placement(state, "assumed", {WHOLE: ("GPU-2",)})
+    assert scoring.free_shares(scoring.whole_as_shares(assumed, {}, whole_of)[0])["GPU-2"] == 0
+
+
 def test_claims_of_other_drivers_and_pools_are_ignored() -> None:
     other = claim("gpu-0-replica-0", pool="gpu-node-2")
     foreign = claim("gpu-0-replica-1")

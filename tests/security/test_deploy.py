@@ -154,7 +154,7 @@ async def test_the_documented_certificates_let_the_scheduler_in_under_the_servic
 
 
 def test_by_default_no_one_reaches_the_verbs_and_only_metrics_ports_are_open() -> None:
-    docs = documents(DEPLOY / "base" / "networkpolicies.yaml")
+    docs = [*documents(DEPLOY / "base" / "extender" / "networkpolicy.yaml"), *documents(DEPLOY / "base" / "agent" / "networkpolicy.yaml")]
     extender, agent = policy(docs, "sharepack-extender"), policy(docs, "sharepack-agent")
     verbs = int(flag(extender_container(), "--listen").rsplit(":", 1)[1])
     metrics = int(flag(extender_container(), "--metrics-listen").rsplit(":", 1)[1])
@@ -228,7 +228,7 @@ def test_the_agent_may_not_bind_write_pods_or_read_secrets() -> None:
     writers = {r for r, verbs in rights.items() if verbs & {"create", "update", "patch"}}
     assert writers == {"sharepack.io:nodegpustates", "sharepack.io:nodegpustates/status", "events"}
     assert rights["events"] == {"create"}
-    (events,) = [d for d in documents(DEPLOY / "base" / "agent" / "rbac.yaml")
+    (events,) = [d for d in documents(DEPLOY / "base" / "agent-events" / "rbac.yaml")
                  if d["kind"] in ("Role", "ClusterRole") and any("events" in r["resources"] for r in d["rules"])]  # fmt: skip
     assert (events["kind"], events["metadata"]["namespace"]) == ("Role", configwatching.EVENT_NAMESPACE)
 

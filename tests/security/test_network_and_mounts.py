@@ -135,7 +135,7 @@ def egress_to_dns_and_api_server_only(spec: dict[str, Any], api_peers: list[Any]
 
 @pytest.mark.parametrize("name", ["sharepack-agent", "sharepack-extender"])
 def test_both_pods_connect_out_to_dns_and_the_api_servers_ports_only(name: str) -> None:
-    egress_to_dns_and_api_server_only(policy(documents(DEPLOY / "base" / "networkpolicies.yaml"), name), None)
+    egress_to_dns_and_api_server_only(policy(documents(DEPLOY / "base" / name.removeprefix("sharepack-") / "networkpolicy.yaml"), name), None)
 
 
 @pytest.mark.parametrize("name", ["sharepack-agent", "sharepack-extender"])
@@ -151,7 +151,7 @@ def test_the_apiserver_overlay_narrows_egress_to_the_named_addresses(name: str) 
 
 
 def test_the_extenders_metrics_port_admits_the_monitoring_namespace_only() -> None:
-    spec = policy(documents(DEPLOY / "base" / "networkpolicies.yaml"), "sharepack-extender")
+    spec = policy(documents(DEPLOY / "base" / "extender" / "networkpolicy.yaml"), "sharepack-extender")
     (metrics,) = [r for r in spec["ingress"] if [p["port"] for p in r["ports"]] == [9400]]
     assert metrics["from"] == MONITORING
 

@@ -8,6 +8,13 @@ first wave, and counts the full-GPU pods that got a whole physical GPU to themse
 
     sharepack-demo                       # both policies, 3 nodes of 4 GPUs, about a minute
     sharepack-demo --policy packed --keep-running   # leave the stack up for kubectl
+    sharepack-demo --control-plane real --mode dra  # the DRA mode (docs/dra.md)
+
+In the DRA mode (real control plane only: the in-process API server does not serve
+resource.k8s.io) the agents are DRA kubelet plugins publishing ResourceSlices in the policy's
+device order, kube-scheduler allocates the devices (first fit) for the claims it makes from the
+pods' unchanged `nvidia.com/gpu.shared` requests, and the extender (`--mode dra`) ranks nodes
+from the slices and the allocated claims. The picture is drawn from those same objects.
 """
 
 from __future__ import annotations
@@ -32,15 +39,16 @@ import yaml
 
 from sharepack.common import bars
 from sharepack.common import state as gpustate
-from sharepack.common.errors import StateSchemaError
+from sharepack.common.errors import DraSchemaError, StateSchemaError
 from sharepack.common.policies import Policy
 from sharepack.extender.metrics import parse_text
 from sharepack.sandbox.controlplane import certificates, plane as controlplane, kubebuild
 from sharepack.sandbox.apiserver.server import FakeApiServer
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable, RealControlPlane, free_port
 from sharepack.sandbox.controlplane.identities import Identities
-from sharepack.sandbox.kubelet.nodes import NodeSpec, NodeStartError, SimulatedNode
+from sharepack.sandbox.kubelet.nodes import DEVICE_PLUGIN_MODE, DRA_MODE, NodeSpec, NodeStartError, SimulatedNode
 from sharepack.sandbox.processes import LoggedProcess
+from sharepack.sandbox.drivers import drastack
 from sharepack.sandbox.drivers.stacks import Stack
 from sharepack.sandbox.scheduling import Decision, ExtenderConfig, SchedulerDriver
 from sharepack.sandbox.tcpproxy import RoundRobinProxy
@@ -54,6 +62,7 @@ NAMESPACE = "default"
 PUBLISH_TIMEOUT_S = 10.0
 IN_PROCESS, REAL = "in-process", "real"
 CONTROL_PLANES = (IN_PROCESS, REAL)
+MODES = (DEVICE_PLUGIN_MODE, DRA_MODE)
 SCHEDULE_TIMEOUT_S = 30.0
 
 
@@ -155,13 +164,17 @@ class Sandbox(Stack):
         self, policy: Policy, nodes: int, machine: str, workload: Workload, root: Path,
         *, control_plane: str = IN_PROCESS, extender_replicas: int = 1, agent_args: Sequence[str] = (),
         extender_args: Sequence[str] = (), node_labels: Mapping[str, str] | None = None, session_affinity: bool = True,
-        before_nodes: Callable[[Sandbox], Awaitable[None]] | None = None,
+        before_nodes: Callable[[Sandbox], Awaitable[None]] | None = None, mode: str = DEVICE_PLUGIN_MODE,
     ) -> None:  # fmt: skip
         """`agent_args`, `node_labels`: for every node; `extender_args`: for every extender
         replica (e.g. `--no-directed-gpus`); `before_nodes`: runs once the control
-        plane is up, before any node or agent starts (objects the agents read at start)."""
+        plane is up, before any node or agent starts (objects the agents read at start).
+        `mode`: the device-plugin mode, or the DRA mode (deploy/dra applied, agents as DRA
+        kubelet plugins, the extender `--mode dra`; the real control plane only)."""
         if control_plane not in CONTROL_PLANES:
             raise DemoError(f"invalid control plane: {control_plane} (choose from {', '.join(CONTROL_PLANES)})")
+        check_mode(mode, control_plane)
+        self.mode = mode
         self.policy = policy
         self.workload = workload
         self.root = root
@@ -202,7 +215,8 @@ class Sandbox(Stack):
                 if self.real is not None:
                     self._stack.push_async_callback(self.real.stop)
             shutil.copyfile(self.real.kubeconfig, self.kubeconfig)
-            self.identities = Identities(self.real, await self.real.apply_deploy_base())
+            deploy = (drastack.DRA_DIR,) if self.mode == DRA_MODE else ()  # deploy/dra, else deploy/base
+            self.identities = Identities(self.real, await self.real.apply_deploy_base(*deploy))
         else:
             await self.api_server.start()
             self._stack.push_async_callback(self.api_server.stop)
@@ -229,6 +243,7 @@ class Sandbox(Stack):
             spec = NodeSpec(
                 spec.name, spec.machine, spec.config_file, labels=self.node_labels,
                 extra_agent_args=(f"--shared-devices-allocation-policy={self.policy}", *self.agent_args),
+                mode=self.mode,
             )  # fmt: skip
             node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))
             self.nodes.append(await self._node(spec, node_root))
@@ -278,7 +293,7 @@ class Sandbox(Stack):
                 sys.executable, "-m", "sharepack.extender",
                 f"--listen=127.0.0.1:{port}", f"--node-policy={self.policy}",
                 f"--kubeconfig={self.extender_kubeconfig}", "--log-format=text", *self.tls.extender_args(),
-                *self.extender_args,
+                *((f"--mode={DRA_MODE}",) if self.mode == DRA_MODE else ()), *self.extender_args,
             ],
             self.root / ("extender.log" if index == 0 else f"extender-{index}.log"),
         )  # fmt: skip
@@ -316,6 +331,10 @@ class Sandbox(Stack):
             await asyncio.sleep(0.05)
 
     async def node_states(self) -> list[gpustate.NodeState]:
+        """Each node's per-GPU view: its NodeGpuState, or in the DRA mode its ResourceSlices and
+        the claims allocated from them, decoded as the extender decodes them."""
+        if self.mode == DRA_MODE:
+            return await drastack.node_states(self.api, [n.name for n in self.nodes])
         custom: Any = kubernetes.client.CustomObjectsApi(self.api)
         out = []
         for node in self.nodes:
@@ -327,11 +346,12 @@ class Sandbox(Stack):
         return out
 
     async def wait_published(self, node: str, uid: str) -> gpustate.NodeState:
-        """The serial stream: the next pod is scheduled once the node has published this one."""
+        """The serial stream: the next pod is scheduled once the node has published this one
+        (in the DRA mode: once a claim allocated on the node is reserved for it)."""
         deadline = time.monotonic() + PUBLISH_TIMEOUT_S
         names = [n.name for n in self.nodes]
         while True:
-            with contextlib.suppress(kubernetes.client.ApiException, StateSchemaError):
+            with contextlib.suppress(kubernetes.client.ApiException, StateSchemaError, DraSchemaError):
                 st = (await self.node_states())[names.index(node)]
                 res = st.resource(SHARED_RESOURCE)
                 if res and any(uid in g.pods for g in res.gpus):
@@ -405,6 +425,17 @@ class Sandbox(Stack):
         await self.driver.run()
 
 
+def check_mode(mode: str, control_plane: str) -> None:
+    if mode not in MODES:
+        raise DemoError(f"invalid mode: {mode} (choose from {', '.join(MODES)})")
+    if mode == DRA_MODE and control_plane != REAL:
+        raise DemoError(
+            f"--mode {DRA_MODE} needs --control-plane {REAL}: DRA runs on the real kube-apiserver and "
+            f"kube-scheduler (the {control_plane} API server does not serve resource.k8s.io, and the "
+            "scheduler's allocator is kube-scheduler's)"
+        )
+
+
 def print_results(results: Mapping[Policy, tuple[int, int]], out: TextIO) -> None:
     print("", file=out)
     for policy, (placed, total) in results.items():
@@ -414,13 +445,22 @@ def print_results(results: Mapping[Policy, tuple[int, int]], out: TextIO) -> Non
 async def run_policy(
     policy: Policy, nodes: int, machine: str, workload: Workload | None, out: TextIO, *,
     keep_running: bool, earlier: Mapping[Policy, tuple[int, int]] | None = None, control_plane: str = IN_PROCESS,
+    mode: str = DEVICE_PLUGIN_MODE,
 ) -> tuple[int, int]:
+    check_mode(mode, control_plane)
     root = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
     started = time.monotonic()
-    print(f"\n== {policy}: agents --shared-devices-allocation-policy={policy}, extender --node-policy={policy}", file=out)
+    if mode == DRA_MODE:
+        print(
+            f"\n== {policy}: agents --mode=dra publish their devices in {policy} order, kube-scheduler allocates "
+            f"(first fit), extender --mode=dra --node-policy={policy}",
+            file=out,
+        )
+    else:
+        print(f"\n== {policy}: agents --shared-devices-allocation-policy={policy}, extender --node-policy={policy}", file=out)
     try:
         wl = workload or default_workload(nodes, 4, 4)
-        async with Sandbox(policy, nodes, machine, wl, root, control_plane=control_plane) as box:
+        async with Sandbox(policy, nodes, machine, wl, root, control_plane=control_plane, mode=mode) as box:
             gpus_per_node = len((await box.node_states())[0].resources[0].gpus)
             if workload is None and gpus_per_node != 4:
                 wl = default_workload(nodes, gpus_per_node, 4)
@@ -458,14 +498,19 @@ async def run_policy(
                 # The results first: the run never returns to print them once the stack stays up.
                 print_results({**(earlier or {}), policy: (placed, total_whole)}, out)
                 print(f"\n   stack left running. kubeconfig: {box.kubeconfig}", file=out)
-                print(f"   try: {box.kubectl} --kubeconfig {box.kubeconfig} get nodes,nodegpustates,pods", file=out)
+                if mode == DRA_MODE:
+                    print(f"   try: {box.kubectl} --kubeconfig {box.kubeconfig} get resourceslices,resourceclaims -A", file=out)
+                    print(f"        {box.kubectl} --kubeconfig {box.kubeconfig} get nodes,pods", file=out)
+                else:
+                    print(f"   try: {box.kubectl} --kubeconfig {box.kubeconfig} get nodes,nodegpustates,pods", file=out)
                 print("   pods you apply are scheduled through the extender and admitted by the nodes.", file=out)
                 tls = box.tls
-                print(
-                    f"   explain a pod: sharepack --kubeconfig {box.kubeconfig} explain POD --extender-url "
-                    f"{box.extender_url} --cert {tls.explain_cert} --key {tls.explain_key} --cacert {tls.ca_cert}",
-                    file=out,
-                )  # fmt: skip
+                if mode != DRA_MODE:  # `explain` is checked in the device-plugin mode only
+                    print(
+                        f"   explain a pod: sharepack --kubeconfig {box.kubeconfig} explain POD --extender-url "
+                        f"{box.extender_url} --cert {tls.explain_cert} --key {tls.explain_key} --cacert {tls.ca_cert}",
+                        file=out,
+                    )  # fmt: skip
                 print("   Ctrl-C to stop.", file=out)
                 await box.keep_serving()
             return placed, total_whole
@@ -496,10 +541,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "real: kube-apiserver, etcd and kube-scheduler built from their Go modules (Go >= 1.26; "
         "the first build takes 15-25 minutes, then it is cached)",
     )  # fmt: skip
+    p.add_argument(
+        "--mode", choices=MODES, default=DEVICE_PLUGIN_MODE,
+        help="device-plugin: the agents serve the kubelet's device-plugin API (default); dra: they are DRA "
+        "kubelet plugins publishing ResourceSlices and kube-scheduler allocates (needs --control-plane real)",
+    )  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="log the sandbox's own components")
     opts = p.parse_args(argv)
     if opts.nodes < 1:
         p.error(f"--nodes must be at least 1, got {opts.nodes}")
+    try:
+        check_mode(opts.mode, opts.control_plane)
+    except DemoError as e:
+        p.error(str(e))
     try:
         opts.policies = [Policy(x.strip()) for x in opts.policy.split(",") if x.strip()]
     except ValueError:
@@ -527,7 +581,7 @@ async def _amain(opts: argparse.Namespace, out: TextIO) -> int:
     workload = load_workload(opts.workload) if opts.workload else None
     print(
         "sharepack demo: time-sliced GPUs, a wave of shared pods then full-GPU pods, "
-        f"under {' and '.join(opts.policies)}",
+        f"under {' and '.join(opts.policies)}" + (" (DRA mode)" if opts.mode == DRA_MODE else ""),
         file=out,
     )
     if opts.control_plane == REAL:
@@ -540,7 +594,7 @@ async def _amain(opts: argparse.Namespace, out: TextIO) -> int:
         keep = opts.keep_running and i == len(opts.policies) - 1
         results[policy] = await run_policy(
             policy, opts.nodes, opts.machine, workload, out,
-            keep_running=keep, earlier=results, control_plane=opts.control_plane,
+            keep_running=keep, earlier=results, control_plane=opts.control_plane, mode=opts.mode,
         )  # fmt: skip
     print_results(results, out)
     return 0

@@ -16,7 +16,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import kubernetes
+import orjson
+
+from sharepack.common import draslices
 from sharepack.common.policies import Policy
+from sharepack.common.state import NodeState
 from sharepack.sandbox.controlplane import plane as controlplane
 from sharepack.sandbox.controlplane.plane import DEPLOY_DIR, RealControlPlane
 from sharepack.sandbox.controlplane.identities import Identities, find
@@ -72,3 +77,24 @@ class DraCluster(Stack):
                 group.create_task(node.start([], watch_pods=True))
         await self.control.start_scheduler(NO_EXTENDER)
         self._stack.push_async_callback(self.control.stop_scheduler)
+
+
+async def node_states(api: Any, nodes: Sequence[str]) -> list[NodeState]:
+    """Each node's per-GPU view, as the extender's DRA mode reads it: the node's ResourceSlices
+    of driver gpu.sharepack.io and every allocated ResourceClaim (`common.draslices`). A node
+    with no complete pool of slices has no GPUs (an empty state). `api`: an ApiClient allowed
+    to list both."""
+    resource: Any = kubernetes.client.ResourceV1Api(api)
+    slices, claims = await asyncio.gather(
+        asyncio.to_thread(
+            resource.list_resource_slice, field_selector=f"spec.driver={draslices.DRIVER}", _preload_content=False
+        ),
+        asyncio.to_thread(resource.list_resource_claim_for_all_namespaces, _preload_content=False),
+    )
+    slice_items = orjson.loads(slices.data).get("items") or []
+    holdings = [h for claim in orjson.loads(claims.data).get("items") or [] for h in draslices.claim_holdings(claim)]
+    out = []
+    for name in nodes:
+        devices = draslices.pool_devices(slice_items, name) or ()
+        out.append(draslices.node_state(draslices.dra_node(name, devices, holdings)))
+    return out

@@ -1,7 +1,15 @@
 {{/* Each template mirrors the deploy/base file of the same path; only values differ. */}}
 
+{{/* The extender's namespace (Pod Security `restricted`) and the agent's (`privileged`). */}}
 {{- define "sharepack.namespace" -}}
 {{ .Values.namespace.name }}
+{{- end }}
+
+{{- define "sharepack.agentNamespace" -}}
+{{- if eq .Values.namespace.agent .Values.namespace.name -}}
+{{- fail (printf "namespace.agent and namespace.name are both %q: the agent needs the privileged Pod Security level, the extender's namespace enforces restricted; give the agent its own namespace" .Values.namespace.name) -}}
+{{- end -}}
+{{ .Values.namespace.agent }}
 {{- end }}
 
 {{- define "sharepack.image" -}}
@@ -48,4 +56,32 @@ tlsConfig:
 httpTimeout: {{ .Values.scheduler.httpTimeout }}
 nodeCacheCapable: true
 ignorable: true
+{{- end }}
+
+{{/* Egress of both NetworkPolicies: DNS and the API server only. */}}
+{{- define "sharepack.egress" }}
+  egress:
+  - to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .Values.networkPolicy.dns.namespace }}
+      podSelector:
+        {{- toYaml .Values.networkPolicy.dns.podSelector | nindent 8 }}
+    ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+  - ports:
+    {{- range .Values.networkPolicy.apiServerPorts }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+    {{- with .Values.networkPolicy.apiServerCIDRs }}
+    to:
+    {{- range . }}
+    - ipBlock:
+        cidr: {{ . }}
+    {{- end }}
+    {{- end }}
 {{- end }}
