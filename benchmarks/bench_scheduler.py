@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from sharepack.common import shipped
 from sharepack.common.policies import Policy
 from sharepack.sandbox.kubelet import fleet
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable
@@ -243,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insecure-http", action="store_true",
                    help="serve the extender over plain HTTP, not mutual TLS as shipped (for comparison)")
     p.add_argument("--replicas", type=int, default=10, help="time-slicing replicas per GPU (default 10)")
-    p.add_argument("--policy", default="packed", help="the agents' allocation policy (default packed)")
-    p.add_argument("--node-policy", default="packed", help="the extender's --node-policy (default packed)")
+    p.add_argument("--policy", default=str(shipped.AGENT_POLICY), help="the agents' allocation policy (default: as shipped, %(default)s)")
+    p.add_argument("--node-policy", default=str(shipped.NODE_POLICY), help="the extender's --node-policy (default: as shipped, %(default)s)")
     p.add_argument("--client-qps", type=int, default=CLIENT_QPS,
                    help="kube-scheduler's API QPS and burst in both phases (default %(default)s, as scheduler_perf; 0: as shipped, 50)")
     p.add_argument("--extender-arg", action="append", default=[],

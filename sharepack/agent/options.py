@@ -93,7 +93,7 @@ _CONFIG_HELP = {
                             "(DEVICE_LIST_STRATEGY)",
     "device-id-strategy": "uuid or index (DEVICE_ID_STRATEGY)",
     "cdi-annotation-prefix": "prefix of CDI annotation keys (CDI_ANNOTATION_PREFIX)",
-    "shared-devices-allocation-policy": "distributed, packed or spread "
+    "shared-devices-allocation-policy": "distributed, packed or spread; default packed, as deploy/ ships "
                                         "(SHARED_DEVICES_ALLOCATION_POLICY)",
 }
 _BOOL_FLAGS = frozenset({"fail-on-init-error", "pass-device-specs"})

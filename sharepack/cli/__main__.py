@@ -114,11 +114,12 @@ async def _watch_status(api: Any, opts: argparse.Namespace, out: TextIO) -> None
 
 def run_explain(api: Any, opts: argparse.Namespace, out: TextIO) -> int:
     pod = reading.read_pod(api, opts.namespace, opts.pod)
-    body = explain.explain_body(pod, reading.node_names(api))
+    candidates, ruled_out = explain.by_gpu_model(pod, reading.nodes(api))
+    body = explain.explain_body(pod, candidates)
     answer = explain.ask(api, explain.Extender(
         opts.extender_url, opts.extender_namespace, opts.extender_service, opts.cert, opts.key, opts.cacert
     ), body)
-    answer = explain.with_pod_facts(answer, pod)
+    answer = explain.with_pod_facts({**answer, "nodes": [*answer["nodes"], *ruled_out]}, pod)
     if opts.output == "json":
         print(json.dumps(answer, indent=2), file=out)
     else:

@@ -11,8 +11,11 @@ https://...` (for example through `kubectl port-forward`) with `--cert`, `--key`
 a certificate whose common name the extender admits to /explain (`sharepack-explain` by default,
 docs/install.md step 2; the scheduler's own is refused there).
 
-Every node is a candidate here: kube-scheduler's in-tree filters (taints, affinity, cpu) run
-before the extender and are not replayed.
+Every node is a candidate here but those whose GPU model the pod's node selector or required
+node affinity on `nvidia.com/gpu.product` excludes (`common.gpumodels`): kube-scheduler's
+NodeAffinity filter rules those out before the extender sees them, and the answer lists them as
+such (filter `affinity`). Its other in-tree filters (taints, other affinities, cpu) are not
+replayed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import kubernetes
 
 from sharepack.cli.errors import ExtenderError
+from sharepack.common import gpumodels
 
 EXPLAIN_PATH = "/explain"
 TIMEOUT_S = 30.0
@@ -48,6 +52,25 @@ class Extender:
         if self.cert:
             context.load_cert_chain(self.cert, self.key or None)
         return context
+
+
+def by_gpu_model(pod: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The candidate node names (sorted), and an answer entry for each node the pod's GPU-model
+    constraint rules out (as kube-scheduler's NodeAffinity filter does, by the node's label)."""
+    allowed = gpumodels.pod_models(pod)
+    candidates: list[str] = []
+    ruled_out: list[dict[str, Any]] = []
+    for name in sorted(nodes):
+        model = gpumodels.node_model(nodes[name])
+        if allowed is None or model in allowed:
+            candidates.append(name)
+            continue
+        reason = (
+            f"GPU model {model or '(no ' + gpumodels.PRODUCT_LABEL + ' label)'} not among the pod's "
+            f"{', '.join(sorted(allowed)) or 'none'} (its node affinity; kube-scheduler filters the node out)"
+        )
+        ruled_out.append({"node": name, "knowledge": "", "filter": "affinity", "reason": reason, "score": 0})
+    return candidates, ruled_out
 
 
 def explain_body(pod: dict[str, Any], nodes: list[str]) -> bytes:

@@ -80,7 +80,8 @@ def read_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:
     return pod
 
 
-def node_names(api: Any) -> list[str]:
+def nodes(api: Any) -> dict[str, dict[str, Any]]:
+    """Every Node object by name."""
     core = kubernetes.client.CoreV1Api(api)
     doc = _read("nodes", core.list_node)
-    return sorted(str(n["metadata"]["name"]) for n in doc.get("items") or [])
+    return {str(n["metadata"]["name"]): n for n in doc.get("items") or []}

@@ -73,7 +73,7 @@ from typing import Final, Literal, TypeAlias
 
 import yaml
 
-from sharepack.common import state
+from sharepack.common import shipped, state
 from sharepack.common.errors import ConfigError
 from sharepack.common.policies import MigStrategy, Policy, Sharing
 
@@ -140,7 +140,7 @@ class Config:
     fail_on_init_error: bool = True
     nvidia_driver_root: str = "/"
     mps_root: str = "/run/nvidia/mps"
-    allocation_policy: Policy = Policy.DISTRIBUTED
+    allocation_policy: Policy = shipped.AGENT_POLICY  # what deploy/ ships (upstream's default: distributed)
     pass_device_specs: bool = False
     device_list_strategy: tuple[str, ...] = ("envvar",)
     device_id_strategy: str = "uuid"

@@ -23,7 +23,11 @@ Callers that know more about a node than its GPUs (CPU left, GPU model) pass `ad
 bit mask over the workload's shapes, bit i set when the node could run shape i apart from GPU
 room. The default admits every shape. Shapes may carry CPU and memory (`Shape.cpu`, `.memory`):
 `Fragmentation.admitted(cpu_left, memory_left)` is the mask of the shapes a node's CPU and
-memory still admit, so GPUs a node can no longer use for lack of CPU count as fragment.
+memory still admit, so GPUs a node can no longer use for lack of CPU count as fragment. Shapes
+may name the GPU models they allow (`Shape.models`, as a pod's node affinity on
+`nvidia.com/gpu.product` does): `Fragmentation.access(model)` is the mask of the shapes a node
+with that GPU model admits, so a T4 node's GPUs are all fragment for a V100-only shape (FGD's
+rule), and a pod that fills a T4 strands nothing a V100-only pod could have used.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class Shape:
     # (FGD counts GPUs stranded by CPU so); see `Fragmentation.admitted`.
     cpu: int = 0
     memory: int = 0
+    # The GPU models the shape allows (the node's `nvidia.com/gpu.product`); empty: any model.
+    models: frozenset[str] = frozenset()
 
     @property
     def needs_gpu(self) -> bool:
@@ -148,7 +154,8 @@ def load_typical_workload(text: str, source: str) -> TypicalWorkload:
 
     `share` is the per-GPU fraction (0 < share <= 1, kept to milli-GPU; ignored with `gpus: 0`,
     a CPU-only shape); `gpus` defaults to 1; `cpu` and `memory` (optional, Kubernetes
-    quantities: `4`, `3152m`, `16Gi`) are what the shape requests besides GPUs.
+    quantities: `4`, `3152m`, `16Gi`) are what the shape requests besides GPUs; `models`
+    (optional, a list of `nvidia.com/gpu.product` values) the GPU models it allows.
     Raises ConfigError naming every problem.
     """
     try:
@@ -161,8 +168,14 @@ def load_typical_workload(text: str, source: str) -> TypicalWorkload:
     shapes: list[Shape] = []
     problems: list[str] = []
     for i, item in enumerate(raw):
-        if not isinstance(item, dict) or set(item) - {"gpus", "share", "weight", "cpu", "memory"}:
-            problems.append(f"shapes[{i}]: invalid value {item!r}: want a mapping of gpus, share, weight, cpu, memory")
+        if not isinstance(item, dict) or set(item) - {"gpus", "share", "weight", "cpu", "memory", "models"}:
+            problems.append(
+                f"shapes[{i}]: invalid value {item!r}: want a mapping of gpus, share, weight, cpu, memory, models"
+            )
+            continue
+        models = item.get("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+            problems.append(f"shapes[{i}].models: invalid value {models!r}: want a list of GPU model names")
             continue
         gpus, share, weight = item.get("gpus", 1), item.get("share", 0 if item.get("gpus") == 0 else None), item.get("weight")
         if not isinstance(gpus, int) or isinstance(gpus, bool):
@@ -183,7 +196,9 @@ def load_typical_workload(text: str, source: str) -> TypicalWorkload:
         if not isinstance(weight, int | float) or isinstance(weight, bool):
             problems.append(f"shapes[{i}].weight: invalid value {weight!r}: want a number > 0")
             continue
-        shapes.append(Shape(gpus, round(share * MILLI) if gpus else 0, weight, cpu=cpu, memory=memory))
+        shapes.append(
+            Shape(gpus, round(share * MILLI) if gpus else 0, weight, cpu=cpu, memory=memory, models=frozenset(models))
+        )
     problems.extend(_check_shapes(shapes) if not problems else [])
     if problems:
         raise ConfigError(source, problems)
@@ -198,7 +213,7 @@ class Fragmentation:
     integer weights); the table is dropped when it grows past `max_entries`.
     """
 
-    __slots__ = ("workload", "total_weight", "_shapes", "_memo", "max_entries", "_needs", "_admitted")
+    __slots__ = ("workload", "total_weight", "_shapes", "_memo", "max_entries", "_needs", "_admitted", "_access")
 
     def __init__(self, workload: TypicalWorkload, *, max_entries: int = 1 << 18) -> None:
         self.workload = workload
@@ -208,6 +223,24 @@ class Fragmentation:
         self.max_entries = max_entries
         self._needs = tuple((i, s.cpu, s.memory) for i, s in enumerate(workload.shapes) if s.cpu or s.memory)
         self._admitted: dict[tuple[int, int], int] = {}
+        self._access: dict[str, int] = {}
+
+    def access(self, model: str | None) -> int:
+        """The `admitted` mask of a node whose GPUs are of `model` (its `nvidia.com/gpu.product`):
+        every shape that names no models or names this one. None (the model is unknown): every
+        shape, as before the extender knew models."""
+        if model is None:
+            return ALL_ADMITTED
+        mask = self._access.get(model)
+        if mask is None:
+            mask = ALL_ADMITTED
+            for i, s in enumerate(self.workload.shapes):
+                if s.models and model not in s.models:
+                    mask &= ~(1 << i)
+            if len(self._access) >= self.max_entries:
+                self._access.clear()
+            self._access[model] = mask
+        return mask
 
     def admitted(self, cpu_left: int, memory_left: int) -> int:
         """The `admitted` mask of a node with `cpu_left` milli-CPU and `memory_left` MiB left:

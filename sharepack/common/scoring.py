@@ -51,7 +51,7 @@ Fine rank and tier
 as above; `fragaware`'s `placement_rank`). kube-scheduler adds its own scores to ours and picks
 at random among the best totals, so 11 levels cannot choose a node on a large cluster; the
 extender's tier filter can: `best_tier` keeps the N best by rank, ties by a stable node order
-(the extender: names; the simulator: its node order). `fragaware` with `directed` scores the
+(`tie_key`: a hash of the node's name, the same in the extender and the simulator). `fragaware` with `directed` scores the
 single-GPU placement it would direct the agent to (`_directed_share`), as FGD chooses a GPU.
 
 The weights make the terms nearly lexicographic: not breaking a whole GPU matters most, then
@@ -69,6 +69,8 @@ once per request shape.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -98,7 +100,7 @@ _ALL_ADMITTED = (fragmentation.ALL_ADMITTED, fragmentation.ALL_ADMITTED)
 # (whole resource, shared resource) listing the same GPUs, each GPU taken whole or shared, not
 # both (the DRA mode's whole-GPU and replica devices: `whole_as_shares`).
 WholeOf = tuple[str, str]
-T = TypeVar("T", int, str)  # a stable node order: its position, or its name
+T = TypeVar("T", int, str, bytes)  # a stable node order: its position, its name, or `tie_key`
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +476,18 @@ def _directed_share(
     return None if best is None else MappingProxyType({name: (best[1],) * n})
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def tie_key(node: str) -> bytes:
+    """The tier's tie order of a node: a fixed pseudo-random order, a hash of its name (the same
+    in every extender replica and in the simulator; Python's `hash` is salted per process).
+
+    Not the names' own order: names follow pools and racks (the trace lists its nodes in runs of
+    one model and size), so ties by name always went to the first pool's nodes. Measured, default
+    trace, `fragaware` as shipped, kube model, 10 seeds: 4.42 % unallocated by name, 4.28 % by
+    this order (README's lever table)."""
+    return hashlib.blake2b(node.encode(), digest_size=8).digest()
+
+
 def best_tier(entries: Sequence[tuple[float, T]], width: int) -> list[int]:
     """The tier filter's rule: positions in `entries` of the `width` best, by rank (higher
     first), ties by the stable node order (the second item, lower first); every position
@@ -720,8 +734,8 @@ class NodeScorer:
     """
 
     __slots__ = (
-        "state", "version", "node_policy", "workload", "room", "directed", "whole_of", "_memo", "_templates", "_exact",
-        "_any",
+        "state", "version", "node_policy", "workload", "room", "model", "directed", "whole_of", "_memo", "_templates",
+        "_exact", "_any",
     )  # fmt: skip
 
     def __init__(
@@ -733,6 +747,7 @@ class NodeScorer:
         templates: ScoreTemplates | None = None,
         workload: fragmentation.TypicalWorkload | None = None,
         room: tuple[int, int] | None = None,
+        model: str | None = None,
         directed: bool | None = None,
         whole_of: WholeOf | None = None,
     ) -> None:
@@ -743,6 +758,9 @@ class NodeScorer:
         self.workload = workload if workload is not None or templates is None else templates.workload
         # The node's CPU (milli) and memory (MiB) left, when known: the CPU-aware ranks use it.
         self.room = room if cpu_aware(node_policy) else None
+        # The node's GPU model (`common.gpumodels`), when known: shapes that allow only other
+        # models count its GPUs as fragment (with the room: both come from the Node object).
+        self.model = model
         self.directed = directed if directed is not None else templates is not None and templates.directed
         self.whole_of = whole_of if whole_of is not None or templates is None else templates.whole_of
         self._memo: dict[str, NodeScore] = {}
@@ -775,16 +793,17 @@ class NodeScorer:
         return t, *self._exact
 
     def admitted(self, request: PodRequest) -> tuple[int, int] | None:
-        """The typical shapes the node's CPU and memory admit before and after `request`; None
-        when the node's room is unknown (or the policy does not look at it)."""
+        """The typical shapes the node's GPU model, CPU and memory admit before and after
+        `request`; None when the node's room is unknown (or the policy does not look at it)."""
         if self.room is None:
             return None
         measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        access = measure.access(self.model)
         cpu, memory = self.room
-        before = measure.admitted(cpu, memory)
+        before = access & measure.admitted(cpu, memory)
         if not request.cpu and not request.memory:
             return before, before
-        return before, measure.admitted(cpu - request.cpu, memory - request.memory)
+        return before, access & measure.admitted(cpu - request.cpu, memory - request.memory)
 
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)

@@ -7,21 +7,25 @@ KubeSchedulerConfiguration), the Helm chart's values, the extender's flag defaul
 Why these values (measured with `sharepack-simulate` and `benchmarks/bench_kube.py`, README's
 trace-replay section):
 
-* `packed` ranks nodes knowing each node's CPU and memory (`common.stranding`): it still fills
-  used GPUs first and keeps whole GPUs free, but never takes the CPU a node's free GPUs need.
+* `fragaware` ranks nodes by the FGD study's fragmentation gradient over the typical workload,
+  knowing each node's CPU and memory left (a GPU whose CPU is gone counts as fragment) and its
+  GPU model (the node's `nvidia.com/gpu.product` label, `common.gpumodels`: a GPU no typical
+  shape's allowed models include is fragment for that shape, as FGD counts it). Without the
+  models it lost to kube-scheduler alone where a third of the pods require a model (gpuspec33).
 * Every pod reaches the extender (no `managedResources` in the scheduler configuration): a
   CPU-only pod decides whether a GPU node keeps the CPU its GPUs need.
 * The filter passes only the best node by that rank (`FILTER_TIER_WIDTH`): kube-scheduler's
   in-tree scores (LeastAllocated spreads) then only break true ties.
-* The agents allocate `packed`, the node policy's own choice of GPUs on the node, so directing
-  GPUs changes nothing for `packed` (it matters for `fragaware`, which chooses a share's GPU).
+* The extender directs the GPUs it chose (`DIRECTED_GPUS`): for a share, `fragaware` picks the
+  GPU with the best rank, as FGD does; the agents allocate `packed` (their own choice when not
+  directed, and for whole GPUs).
 """
 
 from __future__ import annotations
 
 from sharepack.common.policies import NodePolicy, Policy
 
-NODE_POLICY = NodePolicy.PACKED  # the extender's --node-policy
+NODE_POLICY = NodePolicy.FRAGAWARE  # the extender's --node-policy
 AGENT_POLICY = Policy.PACKED  # the agents' sharedDevicesAllocationPolicy
 FILTER_TIER_WIDTH = 1  # the extender's --filter-tier-width
 EXTENDER_WEIGHT = 5  # deploy/scheduler's extender weight

@@ -1,6 +1,6 @@
 """`sharepack-extender`: the composition root. Only here are argv and the environment read.
 
-    sharepack-extender --listen 0.0.0.0:8888 --node-policy packed [--kubeconfig FILE]
+    sharepack-extender --listen 0.0.0.0:8888 --node-policy fragaware [--kubeconfig FILE]
                        --tls-cert-file F --tls-private-key-file K --client-ca-file CA
                        [--metrics-listen 0.0.0.0:9400] [--url-prefix /sharepack]
     sharepack-extender --node-policy fragaware [--typical-workload FILE] --insecure-http
@@ -113,8 +113,9 @@ def parse_args(argv: Sequence[str]) -> Options:
         "fragaware grows the FGD study's GPU fragmentation least",
     )
     p.add_argument("--typical-workload", default=None, metavar="FILE",
-                   help="YAML pod shapes {gpus, share, weight} that define fragmentation for "
-                        "fragaware (default: built in, from the FGD study's default trace)")  # fmt: skip
+                   help="YAML pod shapes {gpus, share, weight, cpu, memory, models} that define "
+                        "fragmentation for fragaware and packed's CPU term (default: built in, from "
+                        "the FGD study's default trace)")  # fmt: skip
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
     p.add_argument("--tls-cert-file", default=None, help="serving certificate (PEM)")
     p.add_argument("--tls-private-key-file", default=None, help="its private key (PEM)")

@@ -46,7 +46,7 @@ from types import MappingProxyType
 from typing import Any
 
 
-from sharepack.common import directions, fragmentation, podrequests, scoring
+from sharepack.common import directions, fragmentation, gpumodels, podrequests, scoring
 from sharepack.common.errors import DirectionsError, RequestError, StateSchemaError
 from sharepack.common.podrequests import PodRequest
 from sharepack.common.policies import NodePolicy, Policy
@@ -86,8 +86,9 @@ class WireScorer(NodeScorer):
         version: object,
         templates: ScoreTemplates | None = None,
         room: tuple[int, int] | None = None,  # CPU and memory left (extender.noderesources)
+        model: str | None = None,  # the node's GPU model (common.gpumodels)
     ) -> None:
-        super().__init__(state, node_policy, version, templates=templates, room=room)
+        super().__init__(state, node_policy, version, templates=templates, room=room, model=model)
         self.name = name
         self.fresh_until = NEVER_STALE
         self._prefix = protocol.host_prefix(name)
@@ -398,7 +399,8 @@ class ClusterView:
     def _best_tier(
         self, names: Sequence[str], survivors: list[int], request: PodRequest, now: float, failed: dict[str, str]
     ) -> list[int]:
-        """The best `tier_width` survivors by the node policy's fine rank, ties by node name;
+        """The best `tier_width` survivors by the node policy's fine rank, ties by
+        `scoring.tie_key` (a hash of the node's name);
         unknown and stale nodes rank below every known one. The scheduler picks at random among
         its best totals: passing it only our best is what makes the choice ours. The others
         fail with a reason that says so (they could run the pod; preemption never sees them,
@@ -407,7 +409,8 @@ class ClusterView:
         for i in survivors:
             scorer = self.scorers.get(names[i])
             known = scorer is not None and scorer.fresh_until > now
-            entries.append((scorer.verdict(request).rank if scorer is not None and known else self._unknown_rank(names[i], request), names[i]))
+            rank = scorer.verdict(request).rank if scorer is not None and known else self._unknown_rank(names[i], request)
+            entries.append((rank, scoring.tie_key(names[i])))
         keep = [survivors[k] for k in scoring.best_tier(entries, self.tier_width)]
         kept = set(keep)
         reason = f"outside the best {self.tier_width} node(s) by {self.node_policy} (--filter-tier-width)"
@@ -506,8 +509,10 @@ class ClusterView:
         else:
             rv = self.ledger.published[name][0]
             self._generation += 1
-            room = self.resources.room(name) if self.resources is not None else None
-            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room)
+            r = self.resources
+            room = r.room(name) if r is not None else None
+            model = (r.gpu_model(name) or gpumodels.published_model(state)) if r is not None else None
+            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room, model)
             scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
             for request in self._shapes.values():
                 scorer.host_priority(request)  # memoises the filter's verdict too

@@ -13,6 +13,10 @@ kube-scheduler's next scheduling cycle may run before the pod watch delivers the
 the pod watch shows it bound, until it is deleted or ends (Succeeded/Failed). A node without a
 known allocatable has no room: its scorer ranks by GPUs alone, as before the watch.
 
+The Node watch also gives each node's GPU model (its `nvidia.com/gpu.product` label,
+`common.gpumodels`), so the ranks know which typical shapes the node's GPUs can serve at all: a
+shape that allows only other models sees all of them as fragment, as FGD counts it.
+
 Nodes whose allocatable lists none of the GPU resources some agent publishes are `gpu_free`:
 a CPU-only pod strands nothing there, so the filter's tier ranks them first for such pods
 (`ClusterView.filter_nodes`).
@@ -24,7 +28,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sharepack.common import noderoom
+from sharepack.common import gpumodels, noderoom
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ class NodeResources:
     def __init__(self) -> None:
         self.allocatable: dict[str, tuple[int, int]] = {}  # node -> (milli-CPU, MiB)
         self.gpu_nodes: set[str] = set()  # nodes whose allocatable lists a GPU resource
+        self.models: dict[str, str] = {}  # node -> its GPU model label (nodes that have one)
         self.pods: dict[str, tuple[str, int, int]] = {}  # pod UID -> (node, milli-CPU, MiB)
         self.requested: dict[str, list[int]] = {}  # node -> [milli-CPU, MiB] of its pods
         self.on_change: Callable[[str], None] | None = None
@@ -62,6 +67,10 @@ class NodeResources:
             return None
         used = self.requested.get(node)
         return (alloc[0] - used[0], alloc[1] - used[1]) if used else alloc
+
+    def gpu_model(self, node: str) -> str | None:
+        """The node's `nvidia.com/gpu.product` label; None when it has none (or is unknown)."""
+        return self.models.get(node)
 
     def gpu_free(self, node: str) -> bool:
         """A node we know (its Node object) that offers no GPU resource."""
@@ -88,19 +97,25 @@ class NodeResources:
         if not name or alloc is None:
             return
         gpus = _has_gpus(obj)
-        if self.allocatable.get(name) == alloc and (name in self.gpu_nodes) == gpus:
+        model = gpumodels.node_model(obj)
+        if self.allocatable.get(name) == alloc and (name in self.gpu_nodes) == gpus and self.models.get(name) == model:
             return  # a status heartbeat: nothing we count changed
         self.allocatable[name] = alloc
         if gpus:
             self.gpu_nodes.add(name)
         else:
             self.gpu_nodes.discard(name)
+        if model is None:
+            self.models.pop(name, None)
+        else:
+            self.models[name] = model
         self._changed(name)
 
     def delete_node(self, obj: Any) -> None:
         name = str(_meta(obj).get("name", "")) if isinstance(obj, Mapping) else ""
         if self.allocatable.pop(name, None) is not None:
             self.gpu_nodes.discard(name)
+            self.models.pop(name, None)
             self._changed(name)
 
     # -- pods -------------------------------------------------------------------------------

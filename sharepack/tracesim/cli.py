@@ -74,9 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu-models",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="kube model: the CPU-aware ranks know which GPU models each typical shape allows "
-        "(the deployed extender's typical workload names none) (default: off)",
+        default=True,
+        help="kube model: the CPU-aware ranks know each node's GPU model and which models each typical "
+        "shape allows, as the extender does from the nodes' nvidia.com/gpu.product label (default: on)",
     )
     p.add_argument(
         "--dra-order",

@@ -31,10 +31,12 @@ NAME = "ours"
 
 
 def common_workload(model: FragModel) -> fragmentation.TypicalWorkload:
-    """The study's typical workload as `common.fragmentation` shapes (same order and weights)."""
+    """The study's typical workload as `common.fragmentation` shapes (same order and weights,
+    the GPU models each allows)."""
+    specs = model.spec or ("",) * len(model.cpu)
     shapes = tuple(
-        fragmentation.Shape(int(n), int(m), float(f), cpu=int(c))
-        for n, m, f, c in zip(model.num_gpu, model.milli, model.freq, model.cpu, strict=True)
+        fragmentation.Shape(int(n), int(m), float(f), cpu=int(c), models=frozenset(x for x in s.split("|") if x))
+        for n, m, f, c, s in zip(model.num_gpu, model.milli, model.freq, model.cpu, specs, strict=True)
     )
     return fragmentation.TypicalWorkload(shapes, source="trace typical workload")
 

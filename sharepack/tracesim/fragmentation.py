@@ -35,6 +35,8 @@ class FragModel:
     freq: FloatArray  # [S]
     gpu_shape: BoolArray  # [S] shapes that need a GPU
     access: BoolArray  # [N, S] node's model admits the shape (and the shape needs a GPU)
+    spec: tuple[str, ...] = ()  # [S] the GPU models each shape allows, joined by "|" ("" any)
+    node_model: tuple[str, ...] = ()  # [N] each node's GPU model ("" for CPU-only nodes)
 
     @classmethod
     def build(cls, typical: TypicalWorkload, nodes: NodeList) -> FragModel:
@@ -53,6 +55,8 @@ class FragModel:
             freq=typical.freq.astype(np.float64),
             gpu_shape=gpu_shape,
             access=access,
+            spec=tuple(s.spec for s in shapes),
+            node_model=tuple(nodes.model),
         )
 
     def counts(self, gpu_left: IntArray) -> tuple[IntArray, IntArray]:

@@ -351,9 +351,10 @@ class KubeScheduler:
                 ranks = verdicts.rank[ok]
                 floor = np.partition(ranks, len(ranks) - self.tier_width)[len(ranks) - self.tier_width]
                 ok = ok[ranks >= floor]
-                # Ties by node name, as the extender breaks them (not the run's seeded node order).
+                # Ties by `scoring.tie_key`, as the extender breaks them (not the run's seeded node order).
                 names = cluster.nodes.names
-                entries = list(zip(verdicts.rank[ok].tolist(), [names[i] for i in idx[ok].tolist()], strict=True))
+                keys = [scoring.tie_key(names[i]) for i in idx[ok].tolist()]
+                entries = list(zip(verdicts.rank[ok].tolist(), keys, strict=True))
                 ok = ok[scoring.best_tier(entries, self.tier_width)]
             if len(ok) < len(idx):
                 idx, verdicts = idx[ok], verdicts.take(ok)

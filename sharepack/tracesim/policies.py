@@ -51,9 +51,9 @@ class KubeOptions:
     tier_width: int = scoring.DEFAULT_TIER_WIDTH  # the extender's --filter-tier-width
     # GPUs as the extender chose them (directed allocation, on as shipped), not the agent's loop.
     directed: bool = shipped.DIRECTED_GPUS
-    # The CPU-aware ranks know which GPU models each typical shape allows (the trace's own
-    # workload does; the deployed extender's typical workload names no GPU models).
-    gpu_models: bool = False
+    # The CPU-aware ranks know each node's GPU model and which models each typical shape allows
+    # (the extender reads the node's `nvidia.com/gpu.product` label, `common.gpumodels`).
+    gpu_models: bool = True
     dra_order: dra.DeviceOrder = dra.DeviceOrder.INDEX  # the DRA mode: the order of a node's devices
     dra_whole: dra.WholeGpus = dra.WholeGpus.GPU  # the DRA mode: how whole-GPU pods ask
 
@@ -94,7 +94,7 @@ def resolve(
     if name == SHIPPED:
         if scheduler is not SchedulerModel.KUBE:
             raise PolicyError(f"invalid --policy {name} with --scheduler-model {scheduler}: it runs only in the kube model")
-        kube = KubeOptions(kubescheduler.SHAREPACK, shipped.FILTER_TIER_WIDTH, shipped.DIRECTED_GPUS, gpu_models=False)
+        kube = KubeOptions(kubescheduler.SHAREPACK, shipped.FILTER_TIER_WIDTH, shipped.DIRECTED_GPUS, gpu_models=True)
         return resolve(str(shipped.NODE_POLICY), replicas=replicas, scheduler=scheduler, kube=kube, label=SHIPPED)
     if name == DRA_SHIPPED:
         if scheduler is not SchedulerModel.KUBE:

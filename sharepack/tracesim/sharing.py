@@ -121,9 +121,11 @@ class _FragContext:
     def build(cls, model: FragModel, *, gpu_models: bool = True) -> _FragContext:
         workload = fragaware.common_workload(model)
         assert all(s.memory == 0 for s in workload.shapes), "admitted classes assume no memory per shape"
-        # Without `gpu_models` every node admits every shape by its GPU model, as the extender
-        # sees nodes: its typical workload names no GPU models.
-        access = fragaware.access_masks(model) if gpu_models else [fragmentation.ALL_ADMITTED] * len(model.access)
+        # Each node's GPU model as the extender knows it (its label), through the extender's
+        # own rule (`Fragmentation.access`); without `gpu_models` every node admits every shape
+        # by its model, as an extender that knows no node's model would see them.
+        measure = fragmentation.measure_for(workload)
+        access = [measure.access(m if gpu_models else None) for m in model.node_model]
         distinct = {m: i for i, m in enumerate(dict.fromkeys(access))}
         kind = np.array([distinct[m] for m in access], dtype=np.int64)
         thresholds = np.unique(np.array([s.cpu for s in workload.shapes], dtype=np.int64))

@@ -237,11 +237,13 @@ def explain_args(nodes: list[str]) -> bytes:
     return json.dumps({"Pod": pod, "NodeNames": nodes}).encode()
 
 
-def create_pod(server: FakeApiServer, name: str, replicas: int, node: str = "") -> None:
+def create_pod(server: FakeApiServer, name: str, replicas: int, node: str = "", affinity: dict[str, Any] | None = None) -> None:
     spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda",
                                             "resources": {"limits": {SHARED: str(replicas), "cpu": "1"}}}]}  # fmt: skip
     if node:
         spec["nodeName"] = node
+    if affinity:
+        spec["affinity"] = affinity
     server.store.create(kinds.PODS, "default", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec,
     })  # fmt: skip
@@ -335,6 +337,26 @@ async def test_explain_a_bound_pod_marks_its_node(server: FakeApiServer, kubecon
     assert lines[0] == f"pod default/running (bound to node-a) requests {SHARED}=1"
     assert lines[1] == "(* node-a already counts this pod, so it is judged with the pod on it)"
     assert any(line.startswith("node-a *  pass") for line in lines), text
+
+
+async def test_explain_lists_nodes_the_pods_gpu_model_affinity_rules_out(
+    server: FakeApiServer, kubeconfig: Path, extender: str
+) -> None:
+    """kube-scheduler's NodeAffinity filter runs before the extender: explain says so for the
+    nodes whose `nvidia.com/gpu.product` label the pod does not allow, and asks about the rest."""
+    node = server.store.get(kinds.NODES, "", "node-b")
+    server.store.update(kinds.NODES, "", "node-b", {**node, "metadata": {**node["metadata"], "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}})  # fmt: skip
+    term = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]}
+    create_pod(server, "a100-only", 1, affinity={"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}})  # fmt: skip
+    code, out, err = await sharepack("--kubeconfig", str(kubeconfig), "explain", "a100-only", "--extender-url", extender, "-o", "json")
+    assert (code, err) == (0, "")
+    by_node = {n["node"]: n["filter"] for n in json.loads(out)["nodes"]}
+    assert by_node == {"node-a": "affinity", "node-b": "pass", "node-c": "affinity", "node-d": "affinity", "node-e": "affinity"}
+    code, text, _ = await sharepack("--kubeconfig", str(kubeconfig), "explain", "a100-only", "--extender-url", extender)
+    line = next(line for line in text.splitlines() if line.startswith("node-a "))
+    assert line.split()[:3] == ["node-a", "affinity", "-"] and "GPU model (no nvidia.com/gpu.product label) not among" in line
 
 
 async def test_explain_of_a_missing_pod_or_extender_is_one_line(server: FakeApiServer, kubeconfig: Path) -> None:

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharepack.common import config
+from sharepack.common import config, shipped
 from sharepack.common.config import UNSET, Config, ReplicatedResource, load_config
 from sharepack.common.errors import ConfigError
 from sharepack.common.policies import MigStrategy, Policy, Sharing
@@ -43,11 +43,12 @@ def ts(resources: str, extra: str = "") -> str:
 
 # --- defaults and precedence ------------------------------------------------------------------
 
-def test_no_file_no_env_no_flags_gives_upstream_defaults() -> None:
+def test_no_file_no_env_no_flags_gives_upstream_defaults_and_the_shipped_policy() -> None:
     c = load()
     assert (c.mig_strategy, c.fail_on_init_error, c.nvidia_driver_root, c.pass_device_specs,
-            c.device_list_strategy, c.device_id_strategy, c.allocation_policy) == (
-        MigStrategy.NONE, True, "/", False, ("envvar",), "uuid", Policy.DISTRIBUTED)
+            c.device_list_strategy, c.device_id_strategy) == (MigStrategy.NONE, True, "/", False, ("envvar",), "uuid")
+    # Upstream allocates `distributed` by default; ours is what deploy/ ships.
+    assert c.allocation_policy is shipped.AGENT_POLICY is Policy.PACKED
     assert c.sharing is None and c.sharing_mode is Sharing.NONE
     assert set(c.sources.values()) == {"default"}
     assert c == Config(sources=c.sources)
@@ -201,7 +202,7 @@ def test_the_highest_layer_that_sets_a_value_always_wins(
     text = None if file is None else f"flags: {{plugin: {{sharedDevicesAllocationPolicy: {file}}}}}"
     c = load(text, env={} if env is None else {"SHARED_DEVICES_ALLOCATION_POLICY": str(env)},
              flags={"shared-devices-allocation-policy": flag})
-    want = next((v for v in (flag, env, file) if v is not None), Policy.DISTRIBUTED)
+    want = next((v for v in (flag, env, file) if v is not None), shipped.AGENT_POLICY)
     assert c.allocation_policy is want
 
 
@@ -570,7 +571,7 @@ def test_describe_gives_the_effective_config_in_the_files_shape() -> None:
         "mpsRoot": "/run/nvidia/mps",
         "plugin": {"passDeviceSpecs": False, "deviceListStrategy": ["envvar"],
                    "deviceIDStrategy": "index", "cdiAnnotationPrefix": "cdi.k8s.io/",
-                   "sharedDevicesAllocationPolicy": "distributed"}}
+                   "sharedDevicesAllocationPolicy": "packed"}}
     assert view["sources"] == dict(c.sources)
     assert isinstance(view["sources"], dict)
     assert view["sources"]["device_id_strategy"] == "env DEVICE_ID_STRATEGY"

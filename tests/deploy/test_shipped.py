@@ -84,7 +84,7 @@ def test_simulate_shipped_runs_the_deployed_configuration() -> None:
     assert extender is not None
     assert extender.node_policy == shipped.NODE_POLICY  # type: ignore[attr-defined]
     assert extender.policy == shipped.AGENT_POLICY  # type: ignore[attr-defined]
-    assert extender.gpu_models is False  # type: ignore[attr-defined]  # the extender's workload names none
+    assert extender.gpu_models is True  # type: ignore[attr-defined]  # the extender reads nodes' GPU models
     assert spec.label == "shipped"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sharepack.common import shipped
+from sharepack.common import scoring, shipped
 from sharepack.common.podrequests import ContainerKind, ContainerRequest, PodRequest
 from sharepack.common.policies import Policy
 from sharepack.extender.__main__ import parse_args
@@ -28,12 +28,15 @@ def view(width: int) -> ClusterView:
 
 
 NAMES = ["node-a", "node-c", "node-b", "node-d", "node-unknown"]
+# node-b and node-c tie on rank: the tie goes by `scoring.tie_key` (a hash of the name), which
+# here puts node-c first although node-b comes first by name.
+TIE_WINNER = min(("node-b", "node-c"), key=scoring.tie_key)
 
 
 @pytest.mark.parametrize(
     ("width", "kept"),
     [
-        (1, ["node-b"]),  # the best rank; node-b and node-c tie, node-b comes first by name
+        (1, [TIE_WINNER]),  # the best rank; node-b and node-c tie
         (2, ["node-c", "node-b"]),
         (3, ["node-a", "node-c", "node-b"]),  # unknown nodes rank below every known one
         (0, ["node-a", "node-c", "node-b", "node-unknown"]),  # off: every feasible node
@@ -47,6 +50,11 @@ def test_the_filter_keeps_exactly_the_best_tier(width: int, kept: list[str]) -> 
     outside = {n for n in NAMES if n not in kept and n != "node-d"}
     assert {n for n, why in failed.items() if "outside the best" in why} == outside
     assert unresolvable == {}
+
+
+def test_ties_go_by_a_hash_of_the_name_not_by_the_name() -> None:
+    assert TIE_WINNER == "node-c"  # not the first by name: the case above tells the two apart
+    assert scoring.tie_key("node-c") == scoring.tie_key("node-c") != scoring.tie_key("node-b")
 
 
 def test_an_unknown_node_passes_when_no_known_node_can_take_the_pod() -> None:

@@ -66,6 +66,9 @@ def test_the_common_measure_agrees_with_the_simulators_on_random_nodes(seed: int
         )
         got = measure.amount(left[i, : num_gpu[i]].tolist(), admitted)
         assert got == pytest.approx(expected[i], rel=1e-12, abs=1e-9), (i, left[i], cpu[i], model[i])
+        # The extender's rule (the node's model label against the shapes' models) is the study's.
+        extenders = measure.access(str(model[i])) & measure.admitted(int(cpu[i]), 0)
+        assert measure.amount(left[i, : num_gpu[i]].tolist(), extenders) == got
 
 
 def test_ours_places_a_small_trace_and_is_deterministic(
