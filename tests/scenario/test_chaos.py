@@ -25,18 +25,16 @@ CLOSING = re.compile(
 HEADER = re.compile(r"^chaos: .*, ([a-z-]+) control plane, ", re.M)
 ROW = re.compile(r"^([a-z-]+)\s+(\d+)\s+(\d+)$", re.M)
 INVARIANT = re.compile(r"^invariant (\S+)\s+violations (\d+)$", re.M)
-DURATION_S = 90  # with the start and the drain: about 2.5-3.5 minutes on a loaded 2-core machine
+DURATION_S = 120  # with the start and the drain: about 3-4 minutes; 90 s judged 96-181 predictions
 MIN_JUDGED = 100
 BAR = 0.99  # predictions matched
-# Why the real control plane falls short of BAR today (issue 25 stays open until it does not):
-# look-alike pods bound to one node within a fraction of a second get each other's directed
-# GPUs (agent.directing cannot tell which pod a GetPreferredAllocation is for), plus a few
-# fallbacks (its pod watch not showing the pod within its 2 s wait). Measured on a quiet
-# machine: 173/181 before issue 19's shipped configuration (GPU pods only, no best tier);
-# 92/119, 94/102 and 126/139 with it (a best tier of one node may bring look-alike pods together
-# more often; not measured apart). The counts stay right (zero state violations); which of two
-# look-alike pods holds which GPU does not.
-KNOWN_MISSES = "real control plane: look-alike pods on one node swap directed GPUs (agent.directing)"
+# Why the real control plane may still fall short of BAR (issue 25 stays open until it does
+# not): 90 s runs after the fixes in agent.directing (bind order, deleted pods) and
+# extender.roomwait matched 96/96, 181/181 and 115/115, but 10-minute runs found rarer cases
+# where the sandbox kubelet's admissions and the agent's idea of them part (97.5-99.4 %); one
+# such case in a CI run misses several look-alike pods at once. A share under BAR there is an
+# expected failure, reported with its figure; every other check fails the test.
+KNOWN_MISSES = "real control plane: the kubelet and the agent disagree now and then on which pod is admitted"
 
 
 @pytest.mark.timeout(600)

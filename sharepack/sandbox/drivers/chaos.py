@@ -77,11 +77,11 @@ import yaml
 from sharepack.agent import allocationlog
 from sharepack.agent.podresources import PodResourcesClient, PodResourcesError
 from sharepack.agent.running import ALLOCATIONS_KEPT
-from sharepack.common import devices
+from sharepack.common import devices, shipped
 from sharepack.common import state as gpustate
 from sharepack.common.config import NODE_CONFIG_LABEL
 from sharepack.common.errors import StateSchemaError
-from sharepack.common.policies import Policy
+from sharepack.common.policies import NodePolicy, Policy
 from sharepack.extender import predictionlog
 from sharepack.sandbox.drivers import demo
 from sharepack.sandbox.controlplane import kubebuild
@@ -791,6 +791,7 @@ async def soak(opts: argparse.Namespace, out: TextIO) -> Report:
         box = Sandbox(
             Policy(opts.policy), opts.nodes, opts.machine, workload, root,
             control_plane=control_plane, extender_replicas=opts.extender_replicas, agent_args=agent_args,
+            extender_args=(f"--node-policy={opts.node_policy}",),
             session_affinity=not opts.spread_connections,
             node_labels={NODE_CONFIG_LABEL: CONFIG_NAME},
             before_nodes=lambda b: _install_config(b, workload.replicas),
@@ -798,7 +799,8 @@ async def soak(opts: argparse.Namespace, out: TextIO) -> Report:
         print(
             f"chaos: {opts.nodes} nodes ({opts.machine}, {gpus} GPUs x {workload.replicas} replicas), "
             f"{control_plane} control plane, {opts.extender_replicas} extender replica(s), seed {opts.seed}, "
-            f"{opts.duration:.0f} s, each fault kind at least {opts.min_per_kind} time(s)",
+            f"{opts.duration:.0f} s, each fault kind at least {opts.min_per_kind} time(s), "
+            f"agents {opts.policy}, extenders {opts.node_policy}",
             file=out, flush=True,
         )  # fmt: skip
         async with box:
@@ -845,7 +847,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="spread the scheduler's connections over the replicas (a Service without the "
         "sessionAffinity: ClientIP that deploy/ sets)",
     )  # fmt: skip
-    p.add_argument("--policy", default="packed", help="agents' and extenders' policy (default packed)")
+    p.add_argument("--policy", default=str(shipped.AGENT_POLICY),
+                   help=f"the agents' allocation policy (default: as shipped, {shipped.AGENT_POLICY})")
+    p.add_argument("--node-policy", default=str(shipped.NODE_POLICY),
+                   help=f"the extenders' --node-policy (default: as shipped, {shipped.NODE_POLICY})")  # fmt: skip
     p.add_argument(
         "--control-plane", choices=("auto", *demo.CONTROL_PLANES), default="auto",
         help="auto (default): the real kube-apiserver and kube-scheduler when built, else in-process",
@@ -865,6 +870,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         Policy(opts.policy)
     except ValueError:
         p.error(f"invalid --policy option: {opts.policy} (choose from {', '.join(Policy)})")
+    if opts.node_policy not in list(NodePolicy):
+        p.error(f"invalid --node-policy option: {opts.node_policy} (choose from {', '.join(NodePolicy)})")
     return opts
 
 
