@@ -734,8 +734,8 @@ class NodeScorer:
     """
 
     __slots__ = (
-        "state", "version", "node_policy", "workload", "room", "model", "directed", "whole_of", "_memo", "_templates",
-        "_exact", "_any",
+        "state", "version", "node_policy", "workload", "room", "model", "directed", "whole_of", "_memo", "_verdicts",
+        "_templates", "_exact", "_any",
     )  # fmt: skip
 
     def __init__(
@@ -764,6 +764,7 @@ class NodeScorer:
         self.directed = directed if directed is not None else templates is not None and templates.directed
         self.whole_of = whole_of if whole_of is not None or templates is None else templates.whole_of
         self._memo: dict[str, NodeScore] = {}
+        self._verdicts: dict[str, NodeScore] = {}  # `verdict`'s, where it did not score itself
         self._templates: ScoreTemplates | None = None
         # (template id, GPU keys in the signature's order) by key order, computed when first
         # needed, and in any order (`signature`), computed here: most requests use it.
@@ -825,14 +826,17 @@ class NodeScorer:
         """Feasibility, score and reason, as `score` gives them, without renaming a shared
         placement: its `placement` may name the GPUs of an alike node. What filter and
         prioritize need, at two dict lookups per node even when the node is new."""
-        hit = self._memo.get(request.shape)
+        hit = self._memo.get(request.shape) or self._verdicts.get(request.shape)
         if hit is not None:
             return hit
         shared = self._template(request)
         if shared is None:
             return self.score(request)
         t, sid, keys = shared
-        return t.verdict(sid, keys, self.state, request, self.admitted(request))
+        # Kept: the best-tier filter asks every node for every request, and this scorer lives
+        # until its node changes.
+        hit = self._verdicts[request.shape] = t.verdict(sid, keys, self.state, request, self.admitted(request))
+        return hit
 
     def __len__(self) -> int:
         return len(self._memo)
