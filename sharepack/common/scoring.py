@@ -477,6 +477,7 @@ def _directed_share(
 
 
 @functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 16)  # asked per node per request by the tier filter
 def tie_key(node: str) -> bytes:
     """The tier's tie order of a node: a fixed pseudo-random order, a hash of its name (the same
     in every extender replica and in the simulator; Python's `hash` is salted per process).
