@@ -98,6 +98,12 @@ def processes_mentioning(paths: list[Path]) -> list[str]:
     return found
 
 
+def _ctrl_c_as_in_a_shell() -> None:
+    """A shell's foreground job takes Ctrl-C by default; a test run started in the background
+    (`cmd &` in a script: SIGINT ignored, and inherited) must not make the demo deaf to it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def demo_in_its_own_group(argv: Sequence[str]) -> Iterator[tuple[subprocess.Popen[bytes], list[Path]]]:
     """`sharepack-demo argv` as a user starts it from a shell (its own process group, so a
@@ -107,6 +113,7 @@ def demo_in_its_own_group(argv: Sequence[str]) -> Iterator[tuple[subprocess.Pope
         [sys.executable, "-m", "sharepack.sandbox.drivers.demo", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        preexec_fn=_ctrl_c_as_in_a_shell,
     ) as proc:  # fmt: skip
         roots: list[Path] = []
         try:
