@@ -26,6 +26,14 @@ async def started(server: FakeApiServer, tmp_short: Path, *flags: str) -> Servic
     return svc
 
 
+async def filtered(svc: Service, server: FakeApiServer, name: str, n: int) -> str:
+    """A new pod asking for `n` replicas, run through /filter on node-a; its UID."""
+    uid = create_pod(server, name, n)
+    pod = server.store.get(kinds.PODS, "default", name)
+    assert (await call(svc, "POST", "/filter", {"Pod": pod, "NodeNames": ["node-a"]}))[0] == 200
+    return uid
+
+
 async def schedule(svc: Service, server: FakeApiServer, name: str, n: int) -> tuple[str, dict[str, object]]:
     uid = create_pod(server, name, n)
     pod = server.store.get(kinds.PODS, "default", name)
@@ -71,9 +79,7 @@ async def test_with_directed_gpus_off_the_pod_is_bound_without_annotation(server
 async def test_a_failed_bind_stops_counting_the_directed_pod(server: FakeApiServer, tmp_short: Path) -> None:
     svc = await started(server, tmp_short)
     try:
-        uid = create_pod(server, "doomed", 1)
-        pod = server.store.get(kinds.PODS, "default", "doomed")
-        await call(svc, "POST", "/filter", {"Pod": pod, "NodeNames": ["node-a"]})
+        uid = await filtered(svc, server, "doomed", 1)
         # The guard admits the bind; the Binding itself then fails at the API server (a conflict).
         server.fail_next("POST", "/binding", 409)
         code, reply = await call(svc, "POST", "/bind",
@@ -110,9 +116,7 @@ async def test_a_bind_that_finds_the_node_full_waits_for_a_release_on_its_way(
     onto GPUs the next pods were directed to: the soak's cascades of missed predictions)."""
     svc = await started(server, tmp_short)
     try:
-        uid = create_pod(server, "late-room", 2)
-        pod = server.store.get(kinds.PODS, "default", "late-room")
-        assert (await call(svc, "POST", "/filter", {"Pod": pod, "NodeNames": ["node-a"]}))[0] == 200
+        uid = await filtered(svc, server, "late-room", 2)
         publish(server, "node-a", [(4, 4, ("old",)), (4, 4, ("gone",))])  # full, in our view
         await until(svc, lambda: allocated(svc, "node-a") == [4, 4])
 
@@ -135,9 +139,7 @@ async def test_a_bind_that_finds_the_node_full_waits_for_a_release_on_its_way(
 async def test_a_node_that_stays_full_is_still_refused(server: FakeApiServer, tmp_short: Path) -> None:
     svc = await started(server, tmp_short)
     try:
-        uid = create_pod(server, "no-room", 2)
-        pod = server.store.get(kinds.PODS, "default", "no-room")
-        assert (await call(svc, "POST", "/filter", {"Pod": pod, "NodeNames": ["node-a"]}))[0] == 200
+        uid = await filtered(svc, server, "no-room", 2)
         publish(server, "node-a", [(4, 4, ("old",)), (4, 3, ("other",))])
         await until(svc, lambda: allocated(svc, "node-a") == [4, 3])
         code, reply = await call(svc, "POST", "/bind",
