@@ -25,7 +25,9 @@ CLOSING = re.compile(
 HEADER = re.compile(r"^chaos: .*, ([a-z-]+) control plane, ", re.M)
 ROW = re.compile(r"^([a-z-]+)\s+(\d+)\s+(\d+)$", re.M)
 INVARIANT = re.compile(r"^invariant (\S+)\s+violations (\d+)$", re.M)
-DURATION_S = 120  # with the start and the drain: about 3-4 minutes; 90 s judged 96-181 predictions
+# With the start and the drain: about 5 minutes. Faults keep coming all along and their windows
+# leave predictions out: 90 s judged 96-181 predictions, 120 s once 89; MIN_JUDGED needs margin.
+DURATION_S = 240
 MIN_JUDGED = 100
 BAR = 0.99  # predictions matched
 # Why the real control plane may still fall short of BAR (issue 25 stays open until it does
@@ -37,14 +39,14 @@ BAR = 0.99  # predictions matched
 KNOWN_MISSES = "real control plane: the kubelet and the agent disagree now and then on which pod is admitted"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("plane", [demo.IN_PROCESS, demo.REAL])
 def test_churn_and_every_kind_of_fault_break_no_invariant_and_predictions_hold(plane: str) -> None:
     if plane == demo.REAL:
         real_binaries()  # a skip where it is not built; a failure where SHAREPACK_REQUIRE_REAL is set
     done = subprocess.run(
         [sys.executable, "-m", "sharepack.sandbox.drivers.chaos", "--duration", str(DURATION_S), "--seed", "1", "--control-plane", plane],
-        capture_output=True, text=True, timeout=560, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True, text=True, timeout=840, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     out = done.stdout
     header = HEADER.search(out)
