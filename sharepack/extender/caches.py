@@ -37,8 +37,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +58,8 @@ from sharepack.extender import ledgers, predictionlog, protocol
 from sharepack.extender.metrics import Metrics, node_gauges, NodeGauges
 from sharepack.extender.noderesources import NodeResources
 from sharepack.extender.ledgers import Assumed, Ledger
-from sharepack.extender.replies import ShapeReplies
+from sharepack.extender.replies import ShapeReplies, filter_failing
+from sharepack.extender.tierranks import BoundRanks
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,9 @@ RECENT_REQUESTS = 4096
 # the last few finds that node's score memoised (one simulation is ~20 us; the request path
 # has ~1-2 us per node).
 PRESCORED_SHAPES = 4
+# GPU shapes whose tier ranking is kept (`extender.tierranks`): each costs one verdict per node
+# change; the default trace has 13 (its pods bring 81 shapes with their CPU and memory).
+RANKED_GPU_SHAPES = 32
 NEVER_STALE = math.inf
 
 
@@ -175,6 +181,10 @@ class ClusterView:
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
         self._shapes: OrderedDict[str, PodRequest] = OrderedDict()  # most recent last
         self._replies: dict[str, ShapeReplies] = {}  # shape -> its kept answers, for `_shapes`
+        # GPU shape -> the tier filter's ranking (`extender.tierranks`), most recent last. Not in
+        # the DRA mode's view (`whole_of`): there the bound it relies on is not proven.
+        self._ranks: OrderedDict[str, BoundRanks] = OrderedDict()
+        self._ranked = tier_width > 0 and whole_of is None
         # No node in `_replies` is stale before this (wall clock); past it, `_drop_stale`.
         self.soonest_stale = NEVER_STALE
         self._generation = 0
@@ -363,6 +373,11 @@ class ClusterView:
         """Which of `names` can host `request`: (indexes of survivors, node -> why it cannot,
         node -> why it never can). Unknown or stale nodes pass: correctness is the kubelet's."""
         now = self.wall_clock()  # one clock read per request; per node a float comparison
+        ranks = self._kept_ranks(request, now)
+        if ranks is not None:
+            answer = self._filter_ranked(names, request, ranks, now)
+            if answer is not None:
+                return answer
         replies = self._kept_replies(request, now)
         if replies is not None:
             survivors, failed, unresolvable = replies.filter(names)
@@ -371,6 +386,48 @@ class ClusterView:
         if 0 < self.tier_width < len(survivors):
             survivors = self._best_tier(names, survivors, request, now, failed)
         return survivors, failed, unresolvable
+
+    def _filter_ranked(
+        self, names: Sequence[str], request: PodRequest, ranks: BoundRanks, now: float
+    ) -> tuple[list[int], dict[str, str], dict[str, str]] | None:
+        """`filter_nodes` from the GPU shape's kept ranking (`extender.tierranks`): the same
+        answer as the node-by-node loops, in C but for the nodes the heap walk meets. None
+        where the ranking cannot tell (a name given twice, a rank that is not a finite number,
+        a request with negative CPU or memory): the caller ranks node by node."""
+        candidates = set(names)
+        if len(candidates) != len(names) or ranks.odd or request.cpu < 0 or request.memory < 0:
+            return None
+        survivors, failed, unresolvable = filter_failing(ranks.failing, names)
+        width = self.tier_width
+        if len(survivors) <= width:
+            return survivors, failed, unresolvable
+        scorers = self.scorers
+
+        def exact(name: str) -> float:
+            verdict = scorers[name].filter_verdict(request)
+            return verdict.rank if verdict.feasible else math.nan
+
+        best = ranks.best(candidates, width, exact)
+        if best is None:
+            return None
+        chosen = [name for _, _, name in best]
+        if len(chosen) < width or request.empty:
+            # Candidates that pass unknown or stale: below every known node, except for a pod
+            # without GPUs on a node without any (`_unknown_rank`), above them.
+            unknown = candidates.difference(ranks.bounds, ranks.failing)
+            if unknown:
+                ordered = sorted(unknown, key=scoring.tie_key)
+                above = [n for n in ordered if self._unknown_rank(n, request) > 0] if request.empty else []
+                if above:
+                    high = set(above)
+                    ordered = [n for n in ordered if n not in high]
+                chosen = (above + chosen + ordered)[:width]
+        reason = f"outside the best {width} node(s) by {self.node_policy} (--filter-tier-width)"
+        outside = dict.fromkeys(operator.itemgetter(*survivors)(names), reason)  # len(survivors) > width >= 1
+        for name in chosen:
+            del outside[name]
+        failed.update(outside)
+        return sorted(map(names.index, chosen)), failed, unresolvable
 
     def _filter_each(
         self, names: Sequence[str], request: PodRequest, now: float
@@ -523,19 +580,24 @@ class ClusterView:
     # -- answers kept per request shape (extender.replies) ---------------------------------
 
     def _index(self, name: str, scorer: WireScorer | None) -> None:
-        """Patch the node into every kept shape's answers; a node without a scorer, or stale,
-        leaves them (it passes and scores 0)."""
+        """Patch the node into every kept shape's answers and GPU shape's ranking; a node
+        without a scorer, or stale, leaves them (it passes and scores 0)."""
         replies = self._replies
-        if not replies:
+        ranks = self._ranks
+        if not replies and not ranks:
             return
         if scorer is None or scorer.fresh_until <= self.wall_clock():
             for r in replies.values():
                 r.drop(name)
+            for k in ranks.values():
+                k.drop(name)
             return
         self.soonest_stale = min(self.soonest_stale, scorer.fresh_until)
         for shape, r in replies.items():
             request = self._shapes[shape]
             r.put(name, scorer.filter_verdict(request), scorer.host_priority(request))
+        for k in ranks.values():
+            k.put(name, scorer.filter_verdict(k.bound))
 
     def _kept_replies(self, request: PodRequest, now: float) -> ShapeReplies | None:
         """The shape's kept answers, current at `now`; None for a shape not kept."""
@@ -552,8 +614,31 @@ class ClusterView:
             if scorer.fresh_until <= now:
                 for r in self._replies.values():
                     r.drop(name)
+                for k in self._ranks.values():
+                    k.drop(name)
             elif scorer.fresh_until < soonest:
                 soonest = scorer.fresh_until
+        self.soonest_stale = soonest
+
+    def _kept_ranks(self, request: PodRequest, now: float) -> BoundRanks | None:
+        """The GPU shape's kept ranking, current at `now`; None for a GPU shape not kept."""
+        ranks = self._ranks.get(request.gpu_shape)
+        if ranks is not None and now >= self.soonest_stale:
+            self._drop_stale(now)
+        return ranks
+
+    def _keep_ranks(self, request: PodRequest) -> None:
+        """Start keeping the ranking of a newly remembered GPU shape: every fresh node's, once."""
+        bound = dataclasses.replace(request, cpu=0, memory=0)  # no CPU, no memory: the best rank
+        k = self._ranks[request.gpu_shape] = BoundRanks(bound)
+        now = self.wall_clock()
+        soonest = self.soonest_stale
+        for name, scorer in self.scorers.items():
+            if scorer.fresh_until > now:
+                k.put(name, scorer.filter_verdict(bound))
+                if scorer.fresh_until < soonest:
+                    soonest = scorer.fresh_until
+        k.heapify()
         self.soonest_stale = soonest
 
     def _keep_replies(self, request: PodRequest) -> None:
@@ -697,8 +782,12 @@ class ClusterView:
             self._rebuild(node)
         return len(expired.assumed)
 
-    def remember(self, request: PodRequest) -> None:
-        """Keep the request of a pod being scheduled: /bind carries only its name and UID."""
+    def remember(self, request: PodRequest, *, prioritizing: bool = False) -> None:
+        """Keep the request of a pod being scheduled: /bind carries only its name and UID.
+
+        And start keeping what answers its like fast: for the filter with a tier, its GPU
+        shape's ranking (`extender.tierranks`); for prioritize (`prioritizing`) and a filter
+        without a tier, its shape's answers (`extender.replies`)."""
         if not request.uid:
             return
         recent = self._recent
@@ -706,6 +795,15 @@ class ClusterView:
         recent.move_to_end(request.uid)
         if len(recent) > RECENT_REQUESTS:
             recent.popitem(last=False)
+        if self._ranked and not prioritizing and (not request.empty or self.ranks_every_pod):
+            ranks = self._ranks
+            if request.gpu_shape in ranks:
+                ranks.move_to_end(request.gpu_shape)
+            else:
+                self._keep_ranks(request)
+                if len(ranks) > RANKED_GPU_SHAPES:
+                    ranks.popitem(last=False)
+            return
         if request.empty:
             return  # nothing to prescore; kept above so that /bind need not read the pod
         shapes = self._shapes

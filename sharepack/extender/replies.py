@@ -15,7 +15,7 @@ indexed node can have gone stale since (`ClusterView.soonest_stale`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, repeat
 from operator import is_
 
@@ -50,18 +50,26 @@ class ShapeReplies:
     def filter(self, names: Sequence[str]) -> tuple[list[int], dict[str, str], dict[str, str]]:
         """(indexes of survivors, node -> why it cannot, node -> why it never can), as
         `ClusterView.filter_nodes`."""
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        if not self.failing:
-            return list(range(len(names))), failed, unresolvable
-        verdicts = list(map(self.failing.get, names))
-        survivors = list(compress(range(len(names)), map(is_, verdicts, repeat(None))))
-        if len(survivors) < len(names):
-            for name, v in compress(zip(names, verdicts), verdicts):
-                assert v is not None  # compress kept the failing ones only
-                (unresolvable if v.unresolvable else failed)[name] = v.reason
-        return survivors, failed, unresolvable
+        return filter_failing(self.failing, names)
 
     def priorities(self, names: Iterable[str]) -> list[bytes]:
         """The encoded `HostPriority` of each of `names` that scores above 0, in order."""
         return list(filter(None, map(self.wire.get, names)))
+
+
+def filter_failing(
+    failing: Mapping[str, NodeScore], names: Sequence[str]
+) -> tuple[list[int], dict[str, str], dict[str, str]]:
+    """(indexes of survivors, node -> why it cannot, node -> why it never can) of `names`, all
+    passing but the nodes in `failing` (their infeasible verdicts), in C but for those."""
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    if not failing:
+        return list(range(len(names))), failed, unresolvable
+    verdicts = list(map(failing.get, names))
+    survivors = list(compress(range(len(names)), map(is_, verdicts, repeat(None))))
+    if len(survivors) < len(names):
+        for name, v in compress(zip(names, verdicts), verdicts):
+            assert v is not None  # compress kept the failing ones only
+            (unresolvable if v.unresolvable else failed)[name] = v.reason
+    return survivors, failed, unresolvable

@@ -125,12 +125,12 @@ class Extender:
     def _bad(e: Exception) -> web.Response:
         return web.Response(status=400, text=str(e) + "\n")
 
-    def _request(self, args: protocol.ExtenderArgs) -> PodRequest | None:
+    def _request(self, args: protocol.ExtenderArgs, *, prioritizing: bool = False) -> PodRequest | None:
         request = args.request
         if request is None:
             return None
         request = self.view.relevant(request)
-        self.view.remember(request)
+        self.view.remember(request, prioritizing=prioritizing)
         return request
 
     async def filter(self, request: web.Request) -> web.Response:
@@ -159,7 +159,7 @@ class Extender:
             args = protocol.decode_args(await request.read(), self.managed)
         except protocol.DecodeError as e:
             return self._bad(e)
-        pod = self._request(args)
+        pod = self._request(args, prioritizing=True)
         names = args.node_names
         self.guard.prioritized(args.pod_uid, names)
         if pod is None or (pod.empty and not self.view.ranks_every_pod):

@@ -57,7 +57,7 @@ def test_kept_answers_agree_with_the_node_by_node_loops(seed: int, tier: int) ->
     requests = [request(f"u{n}", n) for n in (1, 2, 3, 5, 9)]
     for step in range(60):
         req = rng.choice(requests)
-        view.remember(req)
+        view.remember(req, prioritizing=True)  # the tier's ranking is test_tierranks'
         agree(view, rng.sample(NAMES, rng.randint(1, len(NAMES))), req)
         op = rng.randrange(6)
         name = rng.choice(NAMES[:-1])
