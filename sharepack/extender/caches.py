@@ -597,7 +597,7 @@ class ClusterView:
             request = self._shapes[shape]
             r.put(name, scorer.filter_verdict(request), scorer.host_priority(request))
         for k in ranks.values():
-            k.put(name, scorer.filter_verdict(k.bound))
+            k.dirty.add(name)  # scored when its shape is next asked for (`_kept_ranks`)
 
     def _kept_replies(self, request: PodRequest, now: float) -> ShapeReplies | None:
         """The shape's kept answers, current at `now`; None for a shape not kept."""
@@ -623,7 +623,19 @@ class ClusterView:
     def _kept_ranks(self, request: PodRequest, now: float) -> BoundRanks | None:
         """The GPU shape's kept ranking, current at `now`; None for a GPU shape not kept."""
         ranks = self._ranks.get(request.gpu_shape)
-        if ranks is not None and now >= self.soonest_stale:
+        if ranks is None:
+            return None
+        if ranks.dirty:
+            scorers = self.scorers
+            bound = ranks.bound
+            dirty, ranks.dirty = ranks.dirty, set()
+            for name in dirty:
+                scorer = scorers.get(name)
+                if scorer is None or scorer.fresh_until <= now:
+                    ranks.drop(name)
+                else:
+                    ranks.put(name, scorer.filter_verdict(bound))
+        if now >= self.soonest_stale:
             self._drop_stale(now)
         return ranks
 

@@ -51,7 +51,7 @@ Entry = tuple[float, bytes, str]  # (-rank, tie key, node): heap order is the ti
 class BoundRanks:
     """One GPU shape's failing nodes and its feasible known nodes ranked by the bound request."""
 
-    __slots__ = ("bound", "failing", "bounds", "odd", "_heap")
+    __slots__ = ("bound", "failing", "bounds", "odd", "dirty", "_heap")
 
     def __init__(self, bound: PodRequest) -> None:
         self.bound = bound  # the GPU shape with no CPU and memory: its verdicts are kept here
@@ -61,6 +61,10 @@ class BoundRanks:
         # `best_tier` does (NaN), or they tie with unknown nodes (infinite); the caller then
         # ranks node by node.
         self.odd: set[str] = set()
+        # Nodes changed since this shape was last asked for: re-scored (`put` or `drop`) before
+        # the next answer, so a node that changes many times between two requests, or while
+        # its shape is not asked for, is scored once.
+        self.dirty: set[str] = set()
         self._heap: list[Entry] = []
 
     def put(self, name: str, verdict: NodeScore) -> None:
@@ -88,6 +92,7 @@ class BoundRanks:
         self.failing.pop(name, None)
         self.bounds.pop(name, None)
         self.odd.discard(name)
+        self.dirty.discard(name)
 
     def heapify(self) -> None:
         """Order what `put` gathered (call after a bulk of puts: cheaper than a push each)."""
