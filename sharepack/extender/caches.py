@@ -15,9 +15,13 @@
   on every change, so the request path is dictionary lookups. The bookkeeping itself (assumed,
   released, settled pods and the effective state they make) is `extender.ledgers.Ledger`, a
   pure model: every watch event and verb here decodes its input, updates the ledger, and
-  re-scores the nodes it says changed, logging and counting the outcomes it returns. For the
-  few request shapes seen last, the filter's and prioritize's answers are kept per shape
-  (`extender.replies`) and patched as nodes change, so a request costs no Python per node.
+  re-scores the nodes it says changed, logging and counting the outcomes it returns. With a
+  filter tier (as shipped), the filter answers from its GPU shape's kept ranking
+  (`extender.tierranks`: the failing nodes and a lazy heap of ranks that bound every CPU and
+  memory request of that GPU shape), so a request costs a few heap steps and no Python per
+  node, and a new CPU or memory request scores only the nodes the heap walk meets. For the
+  few request shapes prioritize saw last (and the filter without a tier), the answers are
+  kept per shape (`extender.replies`) and patched as nodes change.
 * Freshness: each agent rewrites its state at least every heartbeat (`--state-heartbeat-seconds`)
   even when nothing changed, with a new `observedAt`. A state whose `observedAt` has not
   changed for `max_age_s`, *by this extender's clock*, is *stale* and the node is treated as
