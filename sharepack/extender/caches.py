@@ -692,7 +692,7 @@ class ClusterView:
         whole = podrequests.pod_request(pod, self.managed)
         request = self.relevant(whole)
         if pod.phase in TERMINAL_PHASES:
-            self.forget_pod(pod.uid, request)
+            self.forget_pod(pod.uid, request, directed_placement(obj, pod.node_name, whole))
             return
         if request.empty:
             return
@@ -705,18 +705,22 @@ class ClusterView:
     def delete_pod(self, obj: Any) -> None:
         if not isinstance(obj, Mapping):
             return
-        request = None
+        request = directed = None
         try:
-            request = self.relevant(podrequests.pod_request(podrequests.decode_pod(obj, self.managed), self.managed))
+            pod = podrequests.decode_pod(obj, self.managed)
+            whole = podrequests.pod_request(pod, self.managed)
+            request = self.relevant(whole)
+            directed = directed_placement(obj, pod.node_name, whole) if pod.node_name else None
         except RequestError as e:
             log.debug("a deleted pod is undecodable; releasing only what its placement shows: %s", e)
-        self.forget_pod(str(_meta(obj).get("uid", "")), request)
+        self.forget_pod(str(_meta(obj).get("uid", "")), request, directed)
 
-    def forget_pod(self, uid: str, request: PodRequest | None = None) -> None:
+    def forget_pod(self, uid: str, request: PodRequest | None = None, directed: Placement | None = None) -> None:
         """The pod is gone (deleted, or Succeeded/Failed): stop counting it, and free what its
         node's published state still counts for it (`request`, when known, tells how many
-        devices it held on a GPU it shared)."""
-        self._forgotten(self.ledger.forget(uid, request, self.clock() + self.assume_ttl))
+        devices it held on a GPU it shared; `directed`, its directions, where the state lists it
+        on exactly those GPUs)."""
+        self._forgotten(self.ledger.forget(uid, request, self.clock() + self.assume_ttl, directed))
 
     def _forgotten(self, forgotten: ledgers.Forgotten) -> None:
         if forgotten.untold:

@@ -237,10 +237,14 @@ class Ledger:
                     del self.assumed_on[a.node]
         return a
 
-    def forget(self, uid: str, request: PodRequest | None, expires: float) -> Forgotten:
+    def forget(
+        self, uid: str, request: PodRequest | None, expires: float, directed: Placement | None = None
+    ) -> Forgotten:
         """The pod is gone (deleted, or Succeeded/Failed): stop counting it, and free what its
         node's published state still counts for it (`request`, when known, tells how many
-        devices it held on a GPU it shared) until `expires`."""
+        devices it held on a GPU it shared) until `expires`. `directed`: the placement the pod's
+        directions name, which tells the counts when the published state lists the pod on
+        exactly those GPUs (a pod split over shared GPUs, placed before this replica started)."""
         node = self.pods.pop(uid, None)
         self.settled.discard(uid)
         placed = self.placed.pop(uid, None)
@@ -253,6 +257,8 @@ class Ledger:
         untold = False
         if entry is not None and scoring.placed_gpus(entry[1], uid):
             placement = placed or scoring.held_placement(entry[1], uid, request)
+            if not placement and directed and scoring.placement_gpus(directed) == scoring.placed_gpus(entry[1], uid):
+                placement = directed
             if placement:
                 self.released.setdefault(node, {})[uid] = Released(placement, expires)
                 released = True

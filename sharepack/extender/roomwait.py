@@ -12,7 +12,10 @@ pods off their predicted GPUs).
 So where the node fails the filter for capacity, the bind waits up to `CATCH_UP_S` for a change
 of the view to make room, polling the view (no I/O: it is a dict lookup and a cached verdict).
 A node truly full still fails, CATCH_UP_S later; kube-scheduler gives a bind `httpTimeout` (2 s
-as shipped), so the wait stays well inside it. A node whose verdict can never change
+as shipped), so the wait stays well inside it. 1 s covers an agent's republish (PodResources
+polled every 0.25 s, at most one write per 0.5 s) and the watch behind it; 0.3 s, as first
+shipped, did not in bursts after a fault (the 10-minute soak's misses). kube-scheduler binds in a
+goroutine of its own, so the wait delays that pod only, never the scheduling of the next. A node whose verdict can never change
 (`unresolvable`) fails at once.
 """
 
@@ -23,7 +26,7 @@ import asyncio
 from sharepack.common.podrequests import PodRequest
 from sharepack.extender.caches import ClusterView
 
-CATCH_UP_S = 0.3
+CATCH_UP_S = 1.0
 POLL_S = 0.01
 
 

@@ -235,6 +235,23 @@ def test_a_pod_never_predicted_is_released_as_far_as_the_published_counts_tell(
     assert allocated(view, "node-a") == after
 
 
+def test_a_deleted_pods_directions_tell_its_split_when_the_counts_cannot() -> None:
+    """The second case above, the pod bound with directions (placed before this replica started,
+    so no prediction of ours settled it): the GPUs its node lists it on are those its directions
+    name, so they tell the split and its devices are free at once (issue 25: a view that kept
+    them counted judged the node full at bind)."""
+    from sharepack.common import directions
+
+    view = make()
+    view.upsert_state(state_obj("node-a", [(4, 3, ("old", "p1")), (4, 2, ("x", "p1"))], rv="2"))
+    obj = pod_obj("p1", "node-a", 2)
+    d = directions.Directions("node-a", (directions.ContainerDirections("c", {SHARED: ("GPU-0", "GPU-1")}),))
+    obj["metadata"]["annotations"] = {directions.ANNOTATION: directions.encode(d)}
+    view.upsert_pod(obj)
+    view.delete_pod(obj)
+    assert allocated(view, "node-a") == [2, 1]
+
+
 def test_a_release_the_agent_never_catches_up_with_ends_after_the_ttl() -> None:
     clock = Clock()
     view = make(clock)

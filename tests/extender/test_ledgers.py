@@ -99,3 +99,30 @@ def test_a_gone_pod_whose_devices_the_counts_cannot_tell_is_untold() -> None:
     forgotten = ledger.forget("p", None, expires=10.0)
     assert forgotten.untold and not forgotten.changed
     assert allocated(ledger, "n") == [3, 2]
+
+
+@pytest.mark.parametrize(
+    ("directed", "freed"),
+    [
+        pytest.param(on("GPU-0", "GPU-1", "GPU-1"), [2, 0], id="its directions, on the GPUs it is listed on: exact"),
+        pytest.param(on("GPU-0", "GPU-0", "GPU-2"), None, id="directions elsewhere (not honoured): still untold"),
+        pytest.param(None, None, id="no directions: still untold"),
+    ],
+)
+def test_a_gone_pods_directions_tell_its_counts_where_the_state_lists_it_on_exactly_those_gpus(
+    directed: MappingProxyType[str, tuple[str, ...]] | None, freed: list[int] | None
+) -> None:
+    """A pod split over shared GPUs and placed before this replica started (no prediction of
+    ours settled it): the per-GPU lists cannot say how many devices it held on each, its
+    directions can. Its node's view then frees them at once instead of counting them until the
+    agent republishes, which made binds in that gap find the node full (issue 25)."""
+    ledger = Ledger()
+    ledger.publish("n", "1", state([(3, ("x", "p")), (2, ("y", "p")), (0, ())]))
+    ledger.bound("p", "n")
+    forgotten = ledger.forget("p", None, expires=10.0, directed=directed)
+    if freed is None:
+        assert forgotten.untold and not forgotten.changed
+        assert allocated(ledger, "n") == [3, 2, 0]
+    else:
+        assert forgotten.changed and not forgotten.untold
+        assert allocated(ledger, "n")[:2] == freed
