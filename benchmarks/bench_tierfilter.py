@@ -67,15 +67,7 @@ def make_view(names: list[str], seed: int) -> ClusterView:
 def by_node(view: ClusterView, names: list[str], req: PodRequest) -> Answer:
     """The filter as it was before the kept ranking."""
     view.remember(req, prioritizing=True)  # the shape's answers kept, as `remember` did
-    now = view.wall_clock()
-    replies = view._kept_replies(req, now)
-    if replies is not None:
-        survivors, failed, unresolvable = replies.filter(names)
-    else:
-        survivors, failed, unresolvable = view._filter_each(names, req, now)
-    if 0 < view.tier_width < len(survivors):
-        survivors = view._best_tier(names, survivors, req, now, failed)
-    return survivors, failed, unresolvable
+    return view._filter_by_node(names, req, view.wall_clock())
 
 
 def ranked(view: ClusterView, names: list[str], req: PodRequest) -> Answer:

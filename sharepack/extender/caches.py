@@ -382,6 +382,13 @@ class ClusterView:
             answer = self._filter_ranked(names, request, ranks, now)
             if answer is not None:
                 return answer
+        return self._filter_by_node(names, request, now)
+
+    def _filter_by_node(
+        self, names: Sequence[str], request: PodRequest, now: float
+    ) -> tuple[list[int], dict[str, str], dict[str, str]]:
+        """`filter_nodes` without the kept ranking: the shape's kept answers (or every node's
+        verdict), then every survivor ranked for the tier (`_best_tier`)."""
         replies = self._kept_replies(request, now)
         if replies is not None:
             survivors, failed, unresolvable = replies.filter(names)
