@@ -7,6 +7,7 @@ crash), the kernel kills the child too."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import shutil
@@ -79,7 +80,10 @@ class LoggedProcess:
             try:
                 await asyncio.wait_for(proc.wait(), grace)
             except TimeoutError:
-                proc.kill()
+                # It may exit between the timeout and the kill (a loaded machine: a 5,000-node
+                # benchmark died of the ProcessLookupError): gone is what we wanted.
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
                 await proc.wait()
         if self._log is not None:
             self._log.close()
