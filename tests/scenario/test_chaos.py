@@ -1,8 +1,7 @@
 """`sharepack-chaos` as CI runs it: churn in bursts, every kind of fault at least once, the
 invariants checked all along, predictions judged per pod: at least 100 of them, 99 % matched.
 On the in-process control plane always, and on the real one where it is built (always under
-SHAREPACK_REQUIRE_REAL). On the real one a prediction share under 99 % is an expected failure
-for now (KNOWN_MISSES), reported with its figure; every other check fails the test."""
+SHAREPACK_REQUIRE_REAL); the same bar on both."""
 
 from __future__ import annotations
 
@@ -32,13 +31,6 @@ INVARIANT = re.compile(r"^invariant (\S+)\s+violations (\d+)$", re.M)
 DURATION_S = {demo.IN_PROCESS: 120, demo.REAL: 240}
 MIN_JUDGED = 100
 BAR = 0.99  # predictions matched
-# Why the real control plane may still fall short of BAR (issue 25 stays open until it does
-# not): 90 s runs after the fixes in agent.directing (bind order, deleted pods) and
-# extender.roomwait matched 96/96, 181/181 and 115/115, but 10-minute runs found rarer cases
-# where the sandbox kubelet's admissions and the agent's idea of them part (97.5-99.4 %); one
-# such case in a CI run misses several look-alike pods at once. A share under BAR there is an
-# expected failure, reported with its figure; every other check fails the test.
-KNOWN_MISSES = "real control plane: the kubelet and the agent disagree now and then on which pod is admitted"
 
 
 @pytest.mark.timeout(900)
@@ -66,8 +58,6 @@ def test_churn_and_every_kind_of_fault_break_no_invariant_and_predictions_hold(p
     assert all(injected == survived for injected, survived in table.values()), out
     assert sum(i for i, _ in table.values()) == faults, out
     assert judged >= MIN_JUDGED, out
-    if plane == demo.REAL and matched / judged < BAR:
-        pytest.xfail(f"{KNOWN_MISSES}: predictions matched {matched:.0f}/{judged:.0f}")
     assert matched / judged >= BAR, out
 
 
