@@ -73,8 +73,9 @@ RECENT_REQUESTS = 4096
 # the last few finds that node's score memoised (one simulation is ~20 us; the request path
 # has ~1-2 us per node).
 PRESCORED_SHAPES = 4
-# GPU shapes whose tier ranking is kept (`extender.tierranks`): each costs one verdict per node
-# change; the default trace has 13 (its pods bring 81 shapes with their CPU and memory).
+# GPU shapes whose tier ranking is kept (`extender.tierranks`): each re-scores the nodes changed
+# since it was last asked for; the default trace has 13 (its pods bring 81 shapes with their CPU
+# and memory).
 RANKED_GPU_SHAPES = 32
 NEVER_STALE = math.inf
 
