@@ -121,20 +121,10 @@ class FirstFitScorer(WireScorer):
 
     __slots__ = ("devices",)
 
-    def __init__(
-        self,
-        name: str,
-        state: NodeState,
-        node_policy: Policy | NodePolicy,
-        version: object,
-        devices: tuple[draslices.Device, ...],
-        workload: fragmentation.TypicalWorkload | None,
-        room: tuple[int, int] | None = None,
-        model: str | None = None,
-    ) -> None:
-        super().__init__(name, state, node_policy, version, None, room, model)
+    def __init__(self, base: WireScorer, devices: tuple[draslices.Device, ...], workload: fragmentation.TypicalWorkload | None) -> None:
+        super().__init__(base.name, base.state, base.node_policy, base.version, None, base.room, base.model)
         self.workload = workload
-        self.devices = devices
+        self.devices = devices  # the node's pool in the allocator's order
 
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)
@@ -553,14 +543,10 @@ class ClusterView:
             r = self.resources
             room = r.room(name) if r is not None else None
             model = (r.gpu_model(name) or gpumodels.published_model(state)) if r is not None else None
+            scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room, model)
             devices = self.pool_devices(name) if self.pool_devices is not None else None
-            scorer: WireScorer
             if devices is not None:
-                scorer = FirstFitScorer(
-                    name, state, self.node_policy, (rv, self._generation), devices, self.templates.workload, room, model
-                )
-            else:
-                scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room, model)
+                scorer = FirstFitScorer(scorer, devices, self.templates.workload)
             scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
             for request in self._shapes.values():
                 scorer.host_priority(request)  # memoises the filter's verdict too

@@ -5,19 +5,15 @@ GPU is free, shares top up the fullest."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from sharepack.common import dradevices
 from sharepack.sandbox.controlplane.plane import BackgroundControlPlane
 from sharepack.sandbox.drivers.drastack import DraCluster
-from tests.conftest import real_binaries
-from tests.realcluster.test_dra import allocated, get, run_pod
+from tests.realcluster.test_dra import allocated, dra_stack, get, run_pod
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,17 +22,7 @@ NODE = "dra-fresh"
 
 @pytest.fixture(scope="module")
 def fresh() -> Iterator[tuple[BackgroundControlPlane, DraCluster]]:
-    background = BackgroundControlPlane(binaries=real_binaries())
-    control = background.start()
-    root = Path(tempfile.mkdtemp(prefix="dra-fresh-", dir="/tmp"))
-    cluster = DraCluster(control, root, (NODE,), device_order=dradevices.FRESH_FIRST)
-    try:
-        background.run(cluster.__aenter__(), timeout=240)
-        yield background, cluster
-        background.run(cluster.__aexit__(None, None, None))
-    finally:
-        background.close()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from dra_stack((NODE,), device_order=dradevices.FRESH_FIRST)
 
 
 def gpu_order(background: BackgroundControlPlane, cluster: DraCluster) -> list[str]:
