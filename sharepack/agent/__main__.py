@@ -217,7 +217,7 @@ async def _serve_dra(
         loop.add_signal_handler(sig, stop.set)
     settings = dra.DraSettings(
         node_name=opts.node_name, plugins_registry=opts.plugins_registry,
-        plugins_dir=opts.plugins_dir, cdi_root=opts.cdi_root,
+        plugins_dir=opts.plugins_dir, cdi_root=opts.cdi_root, device_order=opts.dra_device_order,
     )  # fmt: skip
     try:
         await dra.run(

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sharepack.agent.errors import OptionsError
-from sharepack.common import addresses
+from sharepack.common import addresses, dradevices
 from sharepack.common import config as configs
 
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
@@ -68,6 +68,10 @@ _PROCESS = (
              "dra mode: the kubelet's plugins directory (the DRA socket goes in <dir>/gpu.sharepack.io/)"),
     _Process("cdi-root", "SHAREPACK_CDI_ROOT", DEFAULT_CDI_ROOT,
              "dra mode: where CDI specs of prepared claims are written for the container runtime"),
+    _Process("dra-device-order", "SHAREPACK_DRA_DEVICE_ORDER", dradevices.STATIC_ORDER,
+             "dra mode: the order of the node's devices in its ResourceSlices, which the scheduler's "
+             "first-fit allocator follows: static (the allocation policy's, written once) or fresh-first "
+             "(GPUs no prepared claim holds first, then the fullest; republished as claims are prepared)"),
     _Process("metrics-listen", "SHAREPACK_METRICS_LISTEN", DEFAULT_METRICS_LISTEN,
              "HOST:PORT of the HTTP endpoint: /metrics (Prometheus), /healthz, /readyz"),
     _Process("unhealthy-recovery-seconds", "SHAREPACK_UNHEALTHY_RECOVERY_SECONDS", "0",
@@ -119,6 +123,7 @@ class Options:
     plugins_registry: Path = Path(DEFAULT_PLUGINS_REGISTRY)
     plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
     cdi_root: Path = Path(DEFAULT_CDI_ROOT)
+    dra_device_order: str = dradevices.STATIC_ORDER
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -198,6 +203,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     mode, origin = process("mode")
     if mode not in MODES:
         raise OptionsError(f"invalid --mode option: {mode} (from {origin}; want device-plugin or dra)")
+    device_order, origin = process("dra-device-order")
+    if device_order not in dradevices.DEVICE_ORDERS:
+        raise OptionsError(
+            f"invalid --dra-device-order option: {device_order} (from {origin}; want {' or '.join(dradevices.DEVICE_ORDERS)})"
+        )
     kubelet_socket, _ = process("kubelet-socket")
     pod_resources, _ = process("pod-resources-socket")
     assert kubelet_socket is not None and pod_resources is not None  # they have defaults
@@ -223,5 +233,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         plugins_registry=Path(str(process("plugins-registry")[0])),
         plugins_dir=Path(str(process("plugins-dir")[0])),
         cdi_root=Path(str(process("cdi-root")[0])),
+        dra_device_order=str(device_order),
         env=MappingProxyType(dict(env)),
     )

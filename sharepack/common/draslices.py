@@ -243,6 +243,41 @@ def dra_node(name: str, devices: tuple[Device, ...], holdings: Iterable[Holding]
     return DraNode(name, devices, used, pods)
 
 
+def counted_node(name: str, devices: tuple[Device, ...], state: NodeState, resources: Mapping[DeviceType, str] = DEFAULT_RESOURCES) -> DraNode:
+    """The pool `devices` (allocator order) with the use `state` counts per GPU (`node_state`'s
+    view, possibly with pods the extender assumed on top): per GPU and device type, its first
+    untainted devices in the order are the used ones. Which replicas of a GPU are used does not
+    change where first fit goes while a GPU's devices are listed together (GPU-major orders:
+    the `packed` static order and `fresh-first`); for a replica-major order it assumes the
+    earliest ones, as first fit takes them."""
+    allocated: dict[tuple[DeviceType, str], int] = {}
+    for dtype, resource in resources.items():
+        res = state.resource(resource)
+        for g in res.gpus if res is not None else ():
+            allocated[(dtype, g.key)] = g.allocated
+    # `node_state` shows a GPU with some replicas taken as a taken whole GPU too: only a GPU
+    # with none or all of its replicas taken can be held whole.
+    replicas: dict[str, int] = {}
+    for d in devices:
+        if d.type is DeviceType.SHARED:
+            replicas[d.gpu] = replicas.get(d.gpu, 0) + d.capacity
+    for (dtype, gpu), n in list(allocated.items()):
+        if dtype is DeviceType.GPU and 0 < allocated.get((DeviceType.SHARED, gpu), 0) < replicas.get(gpu, 0):
+            allocated[(dtype, gpu)] = 0
+    used: dict[str, int] = {}
+    for tainted in (False, True):
+        for d in devices:
+            if d.tainted is not tainted:
+                continue
+            left = allocated.get((d.type, d.gpu), 0)
+            if left <= 0:
+                continue
+            take = min(left, d.capacity)
+            used[d.name] = take
+            allocated[(d.type, d.gpu)] = left - take
+    return DraNode(name, devices, used)
+
+
 def node_state(
     node: DraNode,
     *,

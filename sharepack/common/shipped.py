@@ -34,3 +34,6 @@ EVERY_POD = True  # no managedResources: CPU-only pods reach the extender too
 # The DRA mode (deploy/dra, docs/dra.md): the same scheduler configuration and tier; the
 # extender's --node-policy there (`sharepack-simulate --policy dra-shipped` measures it).
 DRA_NODE_POLICY = NodePolicy.FRAGAWARE
+# The agents' --dra-device-order there: GPUs in no use first, republished as claims are prepared
+# (`common.dradevices.fresh_first`): 4.22 % unallocated against 4.52 % with the static order.
+DRA_DEVICE_ORDER = "fresh-first"

@@ -52,7 +52,7 @@ from types import MappingProxyType
 from typing import Any
 
 
-from sharepack.common import directions, fragmentation, gpumodels, podrequests, scoring
+from sharepack.common import directions, draslices, drascoring, fragmentation, gpumodels, podrequests, scoring
 from sharepack.common.errors import DirectionsError, RequestError, StateSchemaError
 from sharepack.common.podrequests import PodRequest
 from sharepack.common.policies import NodePolicy, Policy
@@ -121,6 +121,33 @@ class WireScorer(NodeScorer):
         if hit is None:
             hit = self.verdicts[request.shape] = self.verdict(request)
         return hit
+
+
+class FirstFitScorer(WireScorer):
+    """The DRA mode's scorer of a node: the placement is the scheduler's own first fit over the
+    node's devices in the order its slices list them (`common.drascoring`), with the use the
+    node's effective state counts (its claims, and pods assumed since), ranked by the node
+    policy as in the device-plugin mode. Not shared with alike nodes: two nodes with the same
+    counts may list their devices in different orders."""
+
+    __slots__ = ("devices",)
+
+    def __init__(self, base: WireScorer, devices: tuple[draslices.Device, ...], workload: fragmentation.TypicalWorkload | None) -> None:
+        super().__init__(base.name, base.state, base.node_policy, base.version, None, base.room, base.model)
+        self.workload = workload
+        self.devices = devices  # the node's pool in the allocator's order
+
+    def score(self, request: PodRequest) -> NodeScore:
+        hit = self._memo.get(request.shape)
+        if hit is None:
+            node = draslices.counted_node(self.name, self.devices, self.state)
+            hit = self._memo[request.shape] = drascoring.score_node(
+                node, request, self.node_policy, workload=self.workload, admitted=self.admitted(request), state=self.state
+            )
+        return hit
+
+    def verdict(self, request: PodRequest) -> NodeScore:
+        return self.score(request)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -195,6 +222,10 @@ class ClusterView:
         self._generation = 0
         self.on_change: Callable[[], None] | None = None  # called after every cache change
         self.templates = ScoreTemplates(node_policy, workload=workload, directed=directed, whole_of=whole_of)
+        # The DRA mode (`extender.draview`): a node's devices in the allocator's order, so its
+        # scorer predicts the scheduler's first fit over them (`FirstFitScorer`); None: the
+        # node agent's loop, as the device-plugin mode.
+        self.pool_devices: Callable[[str], tuple[draslices.Device, ...] | None] | None = None
         # Per node gauge rows, computed at the next scrape from the states published since
         # (`_gauges_due`): a node written many times between two scrapes is computed once.
         self._gauges: dict[str, NodeGauges] = {}
@@ -582,6 +613,9 @@ class ClusterView:
             room = r.room(name) if r is not None else None
             model = (r.gpu_model(name) or gpumodels.published_model(state)) if r is not None else None
             scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room, model)
+            devices = self.pool_devices(name) if self.pool_devices is not None else None
+            if devices is not None:
+                scorer = FirstFitScorer(scorer, devices, self.templates.workload)
             scorer.fresh_until = self._fresh_until.get(name, NEVER_STALE)
             for request in self._shapes.values():
                 scorer.host_priority(request)  # memoises the filter's verdict too

@@ -8,10 +8,13 @@ the tier filter and `sharepack_extender_predictions_total` work unchanged.
   (`common.draslices.node_state`): per physical GPU, replicas in total and allocated, and the
   UIDs of the pods the claims are reserved for. A pod's prediction is then checked against the
   GPUs its claim was actually allocated by kube-scheduler.
-* The prediction is the node's `packed` loop, which is exactly the scheduler's first fit when
-  the agent orders its slice with the fullest GPU first (what its `packed` DRA node policy
-  publishes; `tests/scoring/test_dra.py` checks the equivalence). Over any other order the
-  prediction may name other GPUs of the node, and the predictions metric says how often.
+* The prediction is the scheduler's own first fit over the node's devices in the order its
+  slices list them (`caches.FirstFitScorer`, `common.drascoring`), with the use the node's
+  state counts (its claims, and pods the view assumed since): whatever order the agent
+  publishes (`--dra-device-order`: static, or `fresh-first` republished as claims are
+  prepared), the ranking is of the devices the allocator will give. Exact for GPU-major orders;
+  for a replica-major one it assumes a GPU's earliest replicas are the used ones
+  (`draslices.counted_node`).
 * Predictions: under DRA the scheduler writes a claim's allocation and `reservedFor` before it
   binds the pod (PreBind), so the claim usually shows up before the pod is seen bound, and the
   view's assumed-pod path would find the pod already counted and judge nothing. So a claim seen
@@ -91,6 +94,7 @@ class DraStates:
         self._version = 0
         self._published: set[str] = set()
         self.devices: dict[str, tuple[Device, ...]] = {}  # node -> its pool as last read
+        view.pool_devices = self.devices.get  # the view's scorers predict first fit over them
         self._judged: set[str] = set()  # pod UIDs whose claim was compared with its prediction
 
     # -- ResourceSlices --------------------------------------------------------------------

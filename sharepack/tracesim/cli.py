@@ -83,8 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=[o.value for o in dra.DeviceOrder],
         default=dra.DeviceOrder.INDEX.value,
         help="the DRA policies: the order of a node's devices in its ResourceSlice, which the scheduler's "
-        "first-fit allocator follows: index (static, GPU by GPU) or packed (republished fullest GPU first) "
-        "(default: %(default)s)",
+        "first-fit allocator follows: index (static, GPU by GPU), packed (republished fullest GPU first) or "
+        "fresh-first (republished, GPUs in no use first, then the fullest: deploy/dra's agents, which "
+        "dra-shipped always uses) (default: %(default)s)",
     )
     p.add_argument(
         "--dra-whole",

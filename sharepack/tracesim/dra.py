@@ -14,8 +14,11 @@ What the model takes from the v1.37.2 source (see `common.draallocation` for the
   allocated).
 * The devices a node offers are met in its slice's order: `index` (a static slice, GPU-major by
   GPU index: what a driver that publishes its GPUs in order gives, and what the allocator's
-  first fit then packs by) or `packed` (the agent republishes its slice with the fullest GPU
-  first, which makes first fit the device-plugin mode's `packed` loop).
+  first fit then packs by), `packed` (republished with the fullest GPU first, which makes first
+  fit the device-plugin mode's `packed` loop) or `fresh-first` (republished with the GPUs in
+  no use first, then the fullest: the agent's `--dra-device-order=fresh-first`, deploy/dra's,
+  `common.dradevices.fresh_first`). A republished order is the one before each pod: exact when
+  the agent has prepared the node's last claim before the scheduler allocates the next.
 * Node choice: the in-tree scores as `tracesim.kubescheduler` models them. The DynamicResources
   plugin scores (weight 2) only `firstAvailable` subrequests (`computeScore`), so it adds the
   same 0 to every node for an extended-resource claim; its filter is the allocator itself,
@@ -31,7 +34,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from sharepack.common import drascoring
+from sharepack.common import dradevices, drascoring
 from sharepack.common.draslices import Device, DeviceType, DraNode
 from sharepack.common.podrequests import PodRequest
 from sharepack.common.policies import NodePolicy, Policy
@@ -50,6 +53,7 @@ PREFIX = "dra-"
 class DeviceOrder(StrEnum):
     INDEX = "index"
     PACKED = "packed"
+    FRESH_FIRST = dradevices.FRESH_FIRST  # the agent's `--dra-device-order=fresh-first`
 
 
 class WholeGpus(StrEnum):
@@ -66,6 +70,8 @@ def dra_node(allocated: list[int], replicas: int, order: DeviceOrder, *, whole: 
     gpus = list(range(len(allocated)))
     if order is DeviceOrder.PACKED:
         gpus.sort(key=lambda g: (-allocated[g], sharing.gpu_key(g)))
+    elif order is DeviceOrder.FRESH_FIRST:
+        gpus = dradevices.fresh_first(gpus, dict(enumerate(allocated)))
     devices: list[Device] = []
     used: dict[str, int] = {}
     for g in gpus if whole else ():

@@ -99,11 +99,11 @@ def resolve(
     if name == DRA_SHIPPED:
         if scheduler is not SchedulerModel.KUBE:
             raise PolicyError(f"invalid --policy {name} with --scheduler-model {scheduler}: it runs only in the kube model")
-        # deploy/dra: deploy/scheduler's configuration and base's tier, the agents' `packed` order
-        # (GPU by GPU, static), whole-GPU pods on whole-GPU devices (the model's default).
+        # deploy/dra: deploy/scheduler's configuration and base's tier, the agents' device order
+        # (`--dra-device-order`), whole-GPU pods on whole-GPU devices (the model's default).
         kube = KubeOptions(
             kubescheduler.SHAREPACK, shipped.FILTER_TIER_WIDTH, shipped.DIRECTED_GPUS, gpu_models=False,
-            dra_order=dra.DeviceOrder.INDEX, dra_whole=dra.WholeGpus.GPU,
+            dra_order=dra.DeviceOrder(shipped.DRA_DEVICE_ORDER), dra_whole=dra.WholeGpus.GPU,
         )  # fmt: skip
         spec = resolve(dra.PREFIX + str(shipped.DRA_NODE_POLICY), replicas=replicas, scheduler=scheduler, kube=kube)
         return PolicySpec(DRA_SHIPPED, spec.scorer, spec.replicas, spec.model)

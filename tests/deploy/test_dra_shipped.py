@@ -1,7 +1,8 @@
 """What deploy/dra ships is `common.shipped`'s DRA configuration, and `sharepack-simulate --policy
 dra-shipped` (the DRA row docs/dra.md publishes) runs exactly that: the extender in the DRA mode
 with the shipped node policy and tier, every pod sent to it by deploy/scheduler's configuration,
-the agents publishing their devices in the `packed` order."""
+the agents publishing their devices in the shipped order (`fresh-first`, republished as claims are
+prepared)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from sharepack.common import config as agent_config
+from sharepack.agent import options as agent_options
 from sharepack.common import shipped
 from sharepack.extender import __main__ as extender_main
 from tests.conftest import kubectl
@@ -42,11 +44,19 @@ def test_deploy_dra_runs_the_extender_in_the_dra_mode_with_the_shipped_node_poli
             "verbs": ["get", "list", "watch"]} in role["rules"]  # fmt: skip
 
 
+def agent_options_built() -> agent_options.Options:
+    (daemonset,) = [d for d in built_dra() if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "sharepack-agent"]
+    return agent_options.parse(daemonset["spec"]["template"]["spec"]["containers"][0]["args"], env={})
+
+
 def test_deploy_dras_agents_publish_in_the_shipped_policys_order() -> None:
     (configmap,) = [d for d in built_dra() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sharepack-agent-config"]
     for key, text in configmap["data"].items():
         cfg = agent_config.load_config(file_text=text, file_source=key, env={}, flags={})
         assert cfg.allocation_policy == shipped.AGENT_POLICY
+    opts = agent_options_built()
+    assert opts.mode == agent_options.DRA_MODE
+    assert opts.dra_device_order == shipped.DRA_DEVICE_ORDER
 
 
 def test_simulate_dra_shipped_runs_deploy_dras_configuration() -> None:
@@ -66,6 +76,6 @@ def test_simulate_dra_shipped_runs_deploy_dras_configuration() -> None:
     ranker = allocating.allocator
     assert ranker is scheduler.extender
     assert ranker.node_policy == opts.node_policy
-    # The agents' `packed` publishes GPU by GPU, in index order (tests/dra): the model's `index`.
-    assert shipped.AGENT_POLICY == "packed" and ranker.order is dra.DeviceOrder.INDEX
+    # The agents' --dra-device-order (tests/dra: `common.dradevices.republished`) is the model's order.
+    assert ranker.order is dra.DeviceOrder(agent_options_built().dra_device_order)
     assert ranker.gpu_models is False  # the extender's typical workload names no GPU models

@@ -104,3 +104,24 @@ def test_the_devices_of_an_unhealthy_gpu_are_tainted_and_keep_their_place() -> N
     assert tainted == ["gpu-1-replica-0", "gpu-1-replica-1"]
     assert [d["name"] for d in body["spec"]["devices"]] == [d.name for d in devices]
     assert body["spec"]["devices"][2]["taints"] == [{"key": "gpu.sharepack.io/unhealthy", "value": "xid", "effect": "NoSchedule"}]
+
+
+def test_fresh_first_lists_gpus_in_no_use_first_then_the_fullest_each_gpu_together() -> None:
+    static = dradevices.slice_devices(resources(4, 2), Policy.PACKED)
+    keys = [gpu(i).uuid for i in range(4)]
+    assert dradevices.fresh_first(keys, {}) == keys
+    # GPU 1 holds 1 replica, GPU 3 both: free GPUs 0 and 2 first, then GPU 3, then GPU 1.
+    held = dradevices.held_per_gpu(dradevices.by_name(static), ["gpu-1-replica-0", "gpu-3-replica-1", "gpu-3-replica-0"])
+    assert held == {keys[1]: 1, keys[3]: 2}
+    assert [d.name for d in dradevices.republished(static, held)] == [
+        "gpu-0-replica-0", "gpu-0-replica-1", "gpu-2-replica-0", "gpu-2-replica-1",
+        "gpu-3-replica-0", "gpu-3-replica-1", "gpu-1-replica-0", "gpu-1-replica-1",
+    ]  # fmt: skip
+    assert sorted(dradevices.republished(static, held), key=lambda d: d.name) == sorted(static, key=lambda d: d.name)
+
+
+def test_fresh_first_groups_a_replica_major_order_by_gpu() -> None:
+    static = dradevices.slice_devices(resources(2, 2), Policy.DISTRIBUTED)
+    assert [d.name for d in dradevices.republished(static, {})] == [
+        "gpu-0-replica-0", "gpu-0-replica-1", "gpu-1-replica-0", "gpu-1-replica-1",
+    ]  # fmt: skip

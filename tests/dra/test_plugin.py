@@ -16,6 +16,7 @@ import pytest
 from sharepack.agent.dra import cdi, registering
 from sharepack.agent.dra.running import DraPlugin, DraSettings
 from sharepack.agent.health import XidPolicy
+from sharepack.common import dradevices
 from sharepack.common.errors import ClaimError
 from sharepack.common.inventory import Inventory
 from sharepack.proto.dra.v1 import api_pb2 as dra_pb2
@@ -117,6 +118,37 @@ async def test_preparing_again_answers_the_same_and_unprepare_removes_the_spec(p
             assert "uid-a" in answer.claims and answer.claims["uid-a"].error == ""
     assert not cdi.spec_path(p.settings.cdi_root, "uid-a").exists()
     assert p.preparer.prepared == {}
+
+
+async def test_fresh_first_reorders_the_published_devices_as_claims_are_prepared_and_unprepared(tmp_short: Path) -> None:
+    claims = Claims()
+    settings = DraSettings(NODE, tmp_short / "plugins_registry", tmp_short / "plugins", tmp_short / "cdi",
+                           device_order=dradevices.FRESH_FIRST)  # fmt: skip
+    p = DraPlugin(settings, time_sliced(4), Inventory(gpus=(gpu(0), gpu(1))), claims)
+    await p.start()
+    try:
+        gpu_order = lambda: list(dict.fromkeys(d.name.split("-replica-")[0] for d in p.devices))  # noqa: E731
+        assert gpu_order() == ["gpu-0", "gpu-1"]
+        assert not p._dirty.is_set()
+        claims.add("pod-a-gpu", "uid-a", "gpu-0-replica-0")
+        assert (await prepare(p, ("pod-a-gpu", "uid-a"))).claims["uid-a"].error == ""
+        # GPU 0 is in use: the free GPU 1 comes first, and the slice is due to be republished.
+        assert gpu_order() == ["gpu-1", "gpu-0"]
+        assert p._dirty.is_set()
+        async with grpc.aio.insecure_channel(f"unix://{p.dra_socket}") as channel:
+            request = dra_pb2.NodeUnprepareResourcesRequest(claims=[dra_pb2.Claim(namespace="default", name="pod-a-gpu", uid="uid-a")])
+            await dra_grpc.DRAPluginStub(channel).NodeUnprepareResources(request)
+        assert gpu_order() == ["gpu-0", "gpu-1"]
+    finally:
+        await p.stop(grace=0)
+
+
+async def test_the_static_order_does_not_move_when_a_claim_is_prepared(plugin: tuple[DraPlugin, Claims]) -> None:
+    p, claims = plugin
+    before = p.devices
+    claims.add("pod-a-gpu", "uid-a", "gpu-0-replica-0")
+    await prepare(p, ("pod-a-gpu", "uid-a"))
+    assert p.devices == before and not p._dirty.is_set()
 
 
 async def test_a_bad_claim_is_its_own_error_and_does_not_fail_the_others(plugin: tuple[DraPlugin, Claims]) -> None:

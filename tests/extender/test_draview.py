@@ -137,13 +137,36 @@ def test_a_claim_allocated_before_its_pod_is_seen_bound_is_judged_once_against_t
 def test_a_claim_allocated_before_its_pod_on_another_gpu_is_a_mismatch() -> None:
     view, states = make()
     states.replace_slices([rslice(replica_devices(2, 4), pool="node-a")])
-    states.replace_claims([claim("gpu-1-replica-0", pool="node-a", pod="old")])
+    states.replace_claims([claim("gpu-0-replica-0", pool="node-a", pod="old")])
     view.remember(PodRequest("p1", "default", "pod-p1", (ContainerRequest("c", ContainerKind.APP, ((SHARED, 1),)),)))
-    # Packed predicts the used GPU 1; the static slice's first fit gives GPU 0.
-    allocated_claim = claim("gpu-0-replica-0", pool="node-a", pod="p1")
+    # First fit over the slice gives GPU 0's next replica; a claim on GPU 1 is not what was predicted.
+    allocated_claim = claim("gpu-1-replica-0", pool="node-a", pod="p1")
     allocated_claim["status"]["reservedFor"][0]["uid"] = "p1"
     states.upsert_claim(allocated_claim)
     assert predictions(view) == {"match": 0, "mismatch": 1}
+
+
+def test_the_prediction_is_the_first_fit_over_the_published_order_not_the_agents_packed_loop() -> None:
+    """The agent's `fresh-first` order lists a GPU in no use before the used one: the scheduler's
+    first fit takes the free GPU, where the packed loop (fullest first) would top up the used one."""
+    view, states = make()
+    devices = replica_devices(2, 4)
+    fresh_first = [d for d in devices if d["name"].startswith("gpu-1-")] + [d for d in devices if d["name"].startswith("gpu-0-")]
+    states.replace_slices([rslice(fresh_first, pool="node-a")])
+    states.replace_claims([claim("gpu-0-replica-0", pool="node-a", pod="old")])
+    request = one(2)
+    node = draslices.dra_node("node-a", states.devices["node-a"], states.holdings[next(iter(states.holdings))])
+    first_fit = drascoring.score_node(node, request, Policy.PACKED)
+    assert dict(first_fit.placement) == {SHARED: ("GPU-1", "GPU-1")}
+    assert view.scorers["node-a"].score(request) == first_fit
+    assert dict(scoring.score_node(view.scorers["node-a"].state, request, Policy.PACKED).placement) == {SHARED: ("GPU-0", "GPU-0")}
+    view.remember(PodRequest("p1", "default", "pod-p1", request.containers))
+    allocated_claim = claim("gpu-1-replica-0", "gpu-1-replica-1", pool="node-a", pod="p1")
+    allocated_claim["status"]["reservedFor"][0]["uid"] = "p1"
+    states.upsert_claim(allocated_claim)
+    assert predictions(view) == {"match": 1, "mismatch": 0}
+    # The pod's claim is counted: the next first fit continues on GPU 1.
+    assert dict(view.scorers["node-a"].score(one(1)).placement) == {SHARED: ("GPU-1",)}
 
 
 def test_fragaware_counts_a_gpu_with_replicas_taken_by_its_free_replicas_not_as_a_taken_whole_gpu() -> None:

@@ -35,12 +35,13 @@ NAMESPACE = "default"
 SHARED = "nvidia.com/gpu.shared"
 
 
-@pytest.fixture(scope="module")
-def dra() -> Iterator[tuple[BackgroundControlPlane, DraCluster]]:
+def dra_stack(nodes: tuple[str, ...], **options: Any) -> Iterator[tuple[BackgroundControlPlane, DraCluster]]:
+    """A real control plane with deploy/dra applied and `nodes` as DRA nodes (`DraCluster`'s
+    `options`), for a module-scoped fixture."""
     background = BackgroundControlPlane(binaries=real_binaries())
     control = background.start()
     root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    cluster = DraCluster(control, root, NODES)
+    cluster = DraCluster(control, root, nodes, **options)
     try:
         background.run(cluster.__aenter__(), timeout=240)
         yield background, cluster
@@ -48,6 +49,11 @@ def dra() -> Iterator[tuple[BackgroundControlPlane, DraCluster]]:
     finally:
         background.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dra() -> Iterator[tuple[BackgroundControlPlane, DraCluster]]:
+    yield from dra_stack(NODES)
 
 
 def kubectl(control: RealControlPlane, background: BackgroundControlPlane, *args: str, stdin: str | None = None,

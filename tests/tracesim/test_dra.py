@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sharepack.common import dradevices
 from sharepack.common.policies import NodePolicy, Policy
 from sharepack.tracesim import dra, kubescheduler, policies, traces
 from sharepack.tracesim.__main__ import main
@@ -43,6 +44,21 @@ def test_a_nodes_slice_lists_whole_gpus_then_replicas_in_the_chosen_gpu_order() 
     assert sum(node.used.values()) == 10
     static = dra.dra_node([3, 7], 10, dra.DeviceOrder.INDEX, whole=False)
     assert static.devices[0].name == "gpu0-0" and len(static.devices) == 20
+
+
+def test_fresh_first_meets_gpus_in_no_use_first_then_the_fullest_as_the_agent_orders_them() -> None:
+    node = dra.dra_node([3, 0, 7, 0], 10, dra.DeviceOrder.FRESH_FIRST, whole=False)
+    gpus = list(dict.fromkeys(d.gpu for d in node.devices))
+    assert gpus == ["gpu1", "gpu3", "gpu2", "gpu0"]
+    assert gpus == [f"gpu{g}" for g in dradevices.fresh_first(range(4), {0: 3, 2: 7})]
+
+
+def test_under_fresh_first_a_share_opens_a_free_gpu_and_tops_up_the_fullest_when_none_is_free(toy: Cluster) -> None:
+    toy.place(0, req(1, 800), {0: 800})  # GPU 0 of n0 has 2 replicas left, GPU 1 is free
+    scorer = dra.DraScorer(Policy.PACKED, R, dra.DeviceOrder.FRESH_FIRST, dra.WholeGpus.GPU)
+    assert scorer.verdicts(toy, req(1, 200), ALL).at(0).per_gpu == (0, 2)
+    toy.place(0, req(1, 500), {1: 500})  # no free GPU left on n0: the fullest (GPU 0) first
+    assert scorer.verdicts(toy, req(1, 200), ALL).at(0).per_gpu == (2, 0)
 
 
 def test_a_share_takes_replicas_by_first_fit_and_spans_gpus_when_the_first_is_short(toy: Cluster) -> None:

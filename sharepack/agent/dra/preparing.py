@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,8 +49,10 @@ class Preparer:
         options: ResponseOptions,
         cdi_root: Path,
         reader: ClaimReader,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.node = node
+        self._on_change = on_change  # told after a claim is newly prepared or unprepared
         self._devices = dradevices.by_name(devices)
         self._resources = {r.name: r for r in resources}
         self._options = options
@@ -92,6 +94,8 @@ class Preparer:
                 out.append(PreparedDevice(a.request, a.pool, a.device, ids, a.share_id))
             prepared = self._prepared[ref.uid] = tuple(out)
             log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in prepared) or "no devices of ours")
+            if self._on_change is not None:
+                self._on_change()
             return prepared
 
     async def unprepare(self, ref: draclaims.ClaimRef) -> None:
@@ -99,3 +103,5 @@ class Preparer:
             removed = await asyncio.to_thread(cdi.remove_spec, self._cdi_root, ref.uid)
             if self._prepared.pop(ref.uid, None) is not None or removed:
                 log.info("unprepared claim %s", ref)
+                if self._on_change is not None:
+                    self._on_change()

@@ -45,6 +45,9 @@ class DraSettings:
     plugins_registry: Path  # the kubelet's plugins_registry directory
     plugins_dir: Path  # the kubelet's plugins directory: our socket goes in <dir>/gpu.sharepack.io/
     cdi_root: Path  # where the container runtime reads CDI specs
+    # `--dra-device-order`: the config policy's order, fixed (`static`), or `fresh-first`,
+    # republished whenever a claim is prepared or unprepared (`common.dradevices.republished`).
+    device_order: str = dradevices.STATIC_ORDER
 
 
 async def _serve(socket: Path, add: object) -> grpc.aio.Server:
@@ -61,12 +64,16 @@ class DraPlugin:
     def __init__(self, settings: DraSettings, config: Config, inventory: Inventory, reader: ClaimReader) -> None:
         self.settings = settings
         self.resources: tuple[Resource, ...] = build_resources(inventory, config)
-        self.devices = dradevices.slice_devices(self.resources, config.allocation_policy)
+        self.static_devices = dradevices.slice_devices(self.resources, config.allocation_policy)
+        self.fresh_first = settings.device_order == dradevices.FRESH_FIRST
+        # The devices as published, in the allocator's order.
+        self.devices = dradevices.republished(self.static_devices, {}) if self.fresh_first else self.static_devices
         for name in dradevices.mig_resources(self.resources):
             log.warning("DRA mode does not publish MIG resource %s (partitionable devices are not supported yet)", name)
         self.preparer = Preparer(
-            settings.node_name, self.devices, self.resources, responses.options_from(config), settings.cdi_root, reader
-        )
+            settings.node_name, self.static_devices, self.resources, responses.options_from(config),
+            settings.cdi_root, reader, on_change=self._claims_changed,
+        )  # fmt: skip
         self.dra_socket = registering.dra_socket(settings.plugins_dir)
         self.registration_socket = registering.registration_socket(settings.plugins_registry)
         self.registration = registering.RegistrationService(self.dra_socket)
@@ -75,7 +82,23 @@ class DraPlugin:
         self.generation = 0  # the pool generation last published (0: not yet)
         self._dirty = asyncio.Event()
         log.info("DRA driver %s on node %s: %d device(s) in %s order", dradevices.DRIVER, settings.node_name,
-                 len(self.devices), config.allocation_policy)  # fmt: skip
+                 len(self.devices), settings.device_order if self.fresh_first else config.allocation_policy)  # fmt: skip
+
+    def _claims_changed(self) -> None:
+        """`fresh-first`: reorder the slice for the devices the prepared claims now hold (the
+        allocator meets free GPUs first); republished at once when the order changed. Claims the
+        scheduler allocated but the kubelet has not asked to prepare yet are not counted: the
+        order is as current as the kubelet's calls."""
+        if not self.fresh_first:
+            return
+        held = dradevices.held_per_gpu(
+            dradevices.by_name(self.static_devices),
+            (d.device for devices in self.preparer.prepared.values() for d in devices),
+        )
+        devices = dradevices.republished(self.static_devices, held)
+        if devices != self.devices:
+            self.devices = devices
+            self._dirty.set()
 
     async def start(self) -> None:
         service = DraService(self.preparer)
@@ -118,7 +141,7 @@ class DraPlugin:
             self._dirty.set()
 
     async def publish_forever(self, api: kclient.ApiClient) -> None:
-        """Publish now, and again whenever health changes."""
+        """Publish now, and again whenever health (or, `fresh-first`, the order) changes."""
         while True:
             self._dirty.clear()
             self.generation = await self.publish(api)

@@ -43,14 +43,18 @@ class DraCluster(Stack):
         machine: str = "t4-pcie",
         policy: Policy | None = None,
         labels: Mapping[str, str] | None = None,
+        device_order: str | None = None,
     ) -> None:
-        """`policy`: the agents' allocation policy; None keeps the shipped config's."""
+        """`policy`: the agents' allocation policy; None keeps the shipped config's.
+        `device_order`: the agents' --dra-device-order; None: the agent's default (`static`, so
+        the order is `policy`'s, which is what the demo contrasts)."""
         self.control = control
         self.root = root
         self.node_names = tuple(nodes)
         self.machine = machine
         self.policy = policy
         self.labels = dict(labels or {})
+        self.device_order = device_order
         self.nodes: dict[str, SimulatedNode] = {}
         self.agent_kubeconfigs: dict[str, Path] = {}  # node -> its agent's credentials
         self.docs: list[dict[str, Any]] = []
@@ -62,7 +66,9 @@ class DraCluster(Stack):
         # The shipped default config (time-slicing, packed), as the DaemonSet mounts it.
         config.write_text(find(self.docs, "ConfigMap", AGENT_CONFIGMAP)["data"]["default"])
         identities = Identities(self.control, self.docs)
-        extra = (f"--shared-devices-allocation-policy={self.policy}",) if self.policy is not None else ()
+        extra: tuple[str, ...] = (f"--shared-devices-allocation-policy={self.policy}",) if self.policy is not None else ()
+        if self.device_order is not None:
+            extra += (f"--dra-device-order={self.device_order}",)
         for i, name in enumerate(self.node_names):
             node_root = Path(tempfile.mkdtemp(prefix=f"n{i}-", dir=self.root))
             kubelet_api = controlplane.api_client(self.control.node_kubeconfig(name))
