@@ -65,6 +65,7 @@ class DraPlugin:
         self.settings = settings
         self.resources: tuple[Resource, ...] = build_resources(inventory, config)
         self.static_devices = dradevices.slice_devices(self.resources, config.allocation_policy)
+        self._by_name = dradevices.by_name(self.static_devices)  # to count what prepared claims hold
         self.fresh_first = settings.device_order == dradevices.FRESH_FIRST
         # The devices as published, in the allocator's order.
         self.devices = dradevices.republished(self.static_devices, {}) if self.fresh_first else self.static_devices
@@ -92,8 +93,7 @@ class DraPlugin:
         if not self.fresh_first:
             return
         held = dradevices.held_per_gpu(
-            dradevices.by_name(self.static_devices),
-            (d.device for devices in self.preparer.prepared.values() for d in devices),
+            self._by_name, (d.device for devices in self.preparer.prepared.values() for d in devices)
         )
         devices = dradevices.republished(self.static_devices, held)
         if devices != self.devices:

@@ -232,8 +232,8 @@ async def _run(args: argparse.Namespace, pods: traces.PodList, nodes: traces.Nod
             cluster.say(f"seed {seed}: {len(reqs)} pods through kube-scheduler")
             replay = await replay_seed(cluster, reqs, seed, nodes.total_gpus, args.replicas)
             # Without the extender nothing is directed: no such count to show.
-            directed = "" if args.baseline else (
-                f", directed GPUs honoured {replay.honoured}/{replay.honoured + replay.fallbacks}")
+            directed = f", directed GPUs honoured {replay.honoured}/{replay.honoured + replay.fallbacks}"
+            directed = "" if args.baseline else directed
             cluster.say(f"seed {seed}: {replay.unallocated(int(args.until)):.2f}% unallocated at {args.until:.0f}% "
                         f"arrived, {sum(replay.failed.values())} pods found no node, {replay.seconds:.0f} s{directed}")  # fmt: skip
             out.append(replay)
