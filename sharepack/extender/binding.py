@@ -7,6 +7,7 @@ and answers are read as raw JSON (orjson), never into the client's model objects
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -20,7 +21,7 @@ class BindError(Exception):
 
 
 class Binder(Protocol):
-    async def bind(self, args: BindingArgs) -> None: ...
+    async def bind(self, args: BindingArgs, annotations: Mapping[str, str] | None = None) -> None: ...
 
     async def get_pod(self, namespace: str, name: str) -> Any: ...
 
@@ -38,7 +39,7 @@ def _api_message(e: Exception) -> str:
 
 
 class ApiBinder:
-    """Binds, reads, annotates and lists pods through `kube.rawapi` over the server and
+    """Binds, reads and lists pods through `kube.rawapi` over the server and
     credentials of the `kubernetes.aio` client the reflectors hold: no thread per call, no
     model objects, one connection pool. (Through the blocking client in threads, the
     (de)serialising held the GIL and delayed the event loop's next filter, which is on
@@ -57,15 +58,22 @@ class ApiBinder:
             raise _Answer(status, raw)
         return raw
 
-    async def bind(self, args: BindingArgs) -> None:
-        body: Any = {
+    async def bind(self, args: BindingArgs, annotations: Mapping[str, str] | None = None) -> None:
+        """Create the Binding; `annotations` ride on it: kube-apiserver's Binding handler merges a
+        Binding's annotations into the pod in the same write that sets `spec.nodeName`, so the
+        pod is never bound without them and no separate patch (nor the right to patch pods)
+        is needed."""
+        metadata: dict[str, Any] = {"name": args.pod_name, "namespace": args.pod_namespace}
+        if args.pod_uid:
+            metadata["uid"] = args.pod_uid  # a precondition: a pod deleted and created again is not bound
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": args.pod_name, "namespace": args.pod_namespace},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
         }
-        if args.pod_uid:
-            body["metadata"]["uid"] = args.pod_uid
         try:
             await self._send("POST", rawapi.pod_path(args.pod_namespace, args.pod_name, "binding"), body)
         except Exception as e:
@@ -80,14 +88,6 @@ class ApiBinder:
         except Exception as e:
             raise BindError(f"reading pod {namespace}/{name} failed: {_api_message(e)}") from e
         return orjson.loads(raw)
-
-    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        """Merge `annotations` into the pod's (a JSON merge patch of its metadata only)."""
-        body = {"metadata": {"annotations": annotations}}
-        try:
-            await self._send("PATCH", rawapi.pod_path(namespace, name), body, content_type=rawapi.MERGE_PATCH)
-        except Exception as e:
-            raise BindError(f"annotating pod {namespace}/{name} failed: {_api_message(e)}") from e
 
     async def pods_on(self, node: str) -> list[Any]:
         """The pods bound to `node`, as the API has them now."""

@@ -1,18 +1,18 @@
 """Directed GPUs at bind: tell the node's agent which physical GPUs the pod was counted on.
 
 `DirectingBinder` wraps the binder: before the Binding is created it assumes the pod on its
-node (`ClusterView.direct`, the same step that counts it) and writes the predicted GPUs of each
-container into the pod's `sharepack.io/gpus` annotation (format: `common.directions`). The
-annotation goes on *before* the binding, so the kubelet, which admits a pod once it sees it
-bound, never meets it without; the agent's `GetPreferredAllocation` then answers with devices
-on those GPUs (agent.directing). A failed annotation write is logged and the pod is bound
-anyway (its agent falls back to its own policy); a failed bind stops counting the pod. Before
+node (`ClusterView.direct`, the same step that counts it) and puts the predicted GPUs of each
+container in the Binding's `sharepack.io/gpus` annotation (format: `common.directions`), which
+kube-apiserver merges into the pod in the same write that binds it. So the kubelet, which admits
+a pod once it sees it bound, never meets it without its directions, and a bind costs one write
+(it used to be a patch, then the Binding); the agent's `GetPreferredAllocation` then answers
+with devices on those GPUs (agent.directing). A failed bind stops counting the pod. Before
 directing, it lists the pods bound to the node (one API call per bind), so that a pod another
 replica bound a moment ago counts although our pod watch has not delivered it yet; pods the
 watch already delivered are skipped unread. That list starts as the bind arrives (`prefetch`),
-beside the bind guard's read of the pod, so a bind waits on three API calls in a row, not four
-(kube-scheduler gives a bind `httpTimeout`, 2 s as shipped, then binds by itself). Every call goes through the binder's asyncio
-client (`extender.binding.ApiBinder`): no thread per bind.
+beside the bind guard's read of the pod, so a bind waits on two API calls in a row, not three
+(kube-scheduler gives a bind `httpTimeout`, 2 s as shipped, then binds by itself). Every call
+goes through the binder's asyncio client (`extender.binding.ApiBinder`): no thread per bind.
 
 `--no-directed-gpus` leaves the binder unwrapped.
 """
@@ -39,13 +39,11 @@ log = logging.getLogger(__name__)
 class PodApi(Binder, Protocol):
     """What directing needs of the binder beyond binding (`extender.binding.ApiBinder`)."""
 
-    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
-
     async def pods_on(self, node: str) -> list[Any]: ...
 
 
 class DirectingBinder:
-    """A `Binder` that annotates the pod with its directed GPUs before binding it."""
+    """A `Binder` whose Bindings carry the pod's directed GPUs (an annotation the API merges into the pod)."""
 
     counts_pods = True  # it assumes the pod on its node (`ClusterView.direct`) before binding
 
@@ -72,7 +70,7 @@ class DirectingBinder:
     async def get_pod(self, namespace: str, name: str) -> Any:
         return await self._inner.get_pod(namespace, name)
 
-    async def bind(self, args: BindingArgs) -> None:
+    async def bind(self, args: BindingArgs, annotations: Mapping[str, str] | None = None) -> None:
         listing = self._lists.pop((args.pod_uid, args.node), None)
         request = self._view.recalled(args.pod_uid) if args.pod_uid else None
         if request is None and args.pod_uid:
@@ -85,14 +83,19 @@ class DirectingBinder:
         elif listing is not None:
             await self.discard_task(listing)
         split = self._view.direct(args.pod_uid, args.node, request) if request is not None else ()
+        directed = dict(annotations or {})
         if split:
-            await self._annotate(args, directions.encode(directions.from_placements(args.node, split)))
+            directed[directions.ANNOTATION] = directions.encode(directions.from_placements(args.node, split))
         try:
-            await self._inner.bind(args)
+            await self._inner.bind(args, directed)
         except BindError:
             if split:
                 self._view.unassume(args.pod_uid, args.node)  # not bound there: stop counting it
             raise
+        if split:
+            self.annotated += 1
+            log.debug("pod %s/%s directed on node %s: %s", args.pod_namespace, args.pod_name, args.node,
+                      directed[directions.ANNOTATION])  # fmt: skip
 
     @staticmethod
     async def discard_task(task: asyncio.Task[list[Any]]) -> None:
@@ -127,13 +130,3 @@ class DirectingBinder:
             log.warning("pod %s/%s: cannot read it to direct its GPUs (%s); binding it anyway",
                         args.pod_namespace, args.pod_name, e)  # fmt: skip
             return None
-
-    async def _annotate(self, args: BindingArgs, value: str) -> None:
-        try:
-            await self._inner.annotate_pod(args.pod_namespace, args.pod_name, {directions.ANNOTATION: value})
-        except BindError as e:  # directions are an optimisation: bind regardless
-            log.warning("pod %s/%s: cannot write its directed GPUs (%s); binding it anyway, its "
-                        "agent will choose by its own policy", args.pod_namespace, args.pod_name, e)  # fmt: skip
-            return
-        self.annotated += 1
-        log.debug("pod %s/%s directed on node %s: %s", args.pod_namespace, args.pod_name, args.node, value)

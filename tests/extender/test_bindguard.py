@@ -328,7 +328,7 @@ class RecordingBinder:
         self.doc = doc
         self.bound: list[BindingArgs] = []
 
-    async def bind(self, args: BindingArgs) -> None:
+    async def bind(self, args: BindingArgs, annotations: Any = None) -> None:
         self.bound.append(args)
 
     async def get_pod(self, namespace: str, name: str) -> Any:

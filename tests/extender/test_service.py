@@ -187,9 +187,9 @@ async def test_a_bind_the_api_refuses_leaves_nothing_counted(server: FakeApiServ
     during: list[list[int]] = []
     write = binder.bind
 
-    async def observed_bind(args: Any) -> None:
+    async def observed_bind(args: Any, annotations: Any = None) -> None:
         during.append(allocated(service, "node-a"))
-        await write(args)
+        await write(args, annotations)
 
     binder.bind = observed_bind  # type: ignore[method-assign]
     server.fail_next("POST", "binding", 500)

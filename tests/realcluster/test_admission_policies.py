@@ -1,8 +1,10 @@
 """deploy/base's admission policies on the real kube-apiserver, each identity with its own token:
 
-* the extender may only bind pods and write the `sharepack.io/gpus` annotation of a pod not
-  bound yet, changing nothing else (issue 21: its `patch pods` right used to swap images);
-* only the extender may set or change that annotation, whoever else asks (issue 24.1);
+* the extender writes nothing to pods but Bindings, which may carry the `sharepack.io/gpus`
+  annotation and nothing else (issue 21: its `patch pods` right used to swap images; the
+  directions now ride on the Binding, which kube-apiserver merges into the pod);
+* only the extender may set or change that annotation, on a pod or on a Binding, whoever else
+  asks (issue 24.1);
 * with kustomize, an overlay that moves and renames the service accounts (each part by its own
   `namespace:`, deploy/overlays/namespaces) moves the policies' parameters with them: the
   agent's policy still holds (issue 24.3).
@@ -79,13 +81,42 @@ class Cluster:
     def patch(self, who: Any, name: str, body: Any, content_type: str = MERGE_PATCH) -> Any:
         return who.patch_namespaced_pod(name, self.namespace, body, _content_type=content_type)
 
-    def direct(self, name: str, value: str = DIRECTIONS) -> Any:
-        return self.patch(self.extender, name, {"metadata": {"annotations": {directions.ANNOTATION: value}}})
-
-    def bind(self, name: str) -> None:
-        body = {"metadata": {"name": name}, "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
+    def bind(self, name: str, *, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+             by: Any = None) -> None:  # fmt: skip
+        """A Binding of pod `name` to the node, as the extender writes it (or `by` another)."""
+        meta: dict[str, Any] = {"name": name}
+        if annotations:
+            meta["annotations"] = annotations
+        if labels:
+            meta["labels"] = labels
+        body = {"metadata": meta, "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
         # _preload_content=False: the client cannot decode the Status a binding returns.
-        self.extender.create_namespaced_pod_binding(name, self.namespace, body, _preload_content=False)
+        (by or self.extender).create_namespaced_pod_binding(name, self.namespace, body, _preload_content=False)
+
+
+def _wait_for_the_policies(cluster: Cluster) -> None:
+    """The API server loads a new policy and its parameter in the background: wait until both of
+    the extender's are in force (a Binding with a label from the extender refused, a pod with
+    directions from the administrator refused), so no test meets them half loaded."""
+    deadline = time.monotonic() + POLICY_WAIT_S
+    probe = unique("probe")
+    cluster.pod(probe)
+    checks = (
+        lambda: cluster.bind(probe, labels={"app": "probe"}),
+        lambda: cluster.pod(unique("probe"), annotations={directions.ANNOTATION: DIRECTIONS}),
+    )
+    for check in checks:
+        while True:
+            try:
+                check()
+            except client.ApiException as e:
+                if e.status in (403, 422):
+                    break
+                raise
+            assert time.monotonic() < deadline, f"the admission policies were not in force after {POLICY_WAIT_S:.0f} s"
+            time.sleep(0.5)
+            probe = unique("probe")  # the admitted write bound the probe or created a pod: a fresh one
+            cluster.pod(probe)
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +144,11 @@ def cluster(real_control_plane: RealControlPlane) -> Iterator[Cluster]:
     extender_api = controlplane.api_client(asyncio.run(Identities(control, docs).extender_kubeconfig()))
     tenant_api = controlplane.api_client(control.client_kubeconfig(tenant_name, tenant_name))
     try:
-        yield Cluster(
+        made = Cluster(
             control, namespace, node, admin, client.CoreV1Api(extender_api), client.CoreV1Api(tenant_api), tenant_name
         )
+        _wait_for_the_policies(made)
+        yield made
     finally:
         for api in (extender_api, tenant_api):
             api.close()
@@ -125,15 +158,11 @@ def cluster(real_control_plane: RealControlPlane) -> Iterator[Cluster]:
 
 # --- issue 21: what the extender's token may do to a pod ----------------------------------------
 
-ONLY_DIRECTIONS = "sharepack-extender may change only the sharepack.io/gpus annotation of pod {pod}"
-UNBOUND_ONLY = "sharepack-extender may direct only pods not bound yet: {pod} is bound to node {node}"
 ATTACKS = {
     "image swap": ([{"op": "replace", "path": "/spec/containers/0/image", "value": "attacker/evil:1"}], JSON_PATCH),
     "relabel": ({"metadata": {"labels": {"app": "attacker"}}}, MERGE_PATCH),
     "another annotation": ({"metadata": {"annotations": {"example.com/owner": "attacker"}}}, MERGE_PATCH),
-    "directions and an image swap at once": (
-        [{"op": "add", "path": "/metadata/annotations", "value": {directions.ANNOTATION: DIRECTIONS}},
-         {"op": "replace", "path": "/spec/containers/0/image", "value": "attacker/evil:1"}], JSON_PATCH),
+    "directions": ({"metadata": {"annotations": {directions.ANNOTATION: DIRECTIONS}}}, MERGE_PATCH),
 }  # fmt: skip
 
 
@@ -141,51 +170,61 @@ def _unchanged(before: Any, after: Any) -> None:
     assert after.metadata.resource_version == before.metadata.resource_version
     assert after.spec.containers[0].image == "registry.example/app:1"
     assert after.metadata.labels == {"app": "victim"}
+    assert after.spec.node_name == before.spec.node_name
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_the_extender_changes_nothing_but_the_directions_of_a_pod(cluster: Cluster, attack: str) -> None:
-    name = unique("pending")
-    before = cluster.pod(name)
-    body, content_type = ATTACKS[attack]
-    denied = refused(lambda: cluster.patch(cluster.extender, name, body, content_type))
-    assert ONLY_DIRECTIONS.format(pod=f"{cluster.namespace}/{name}") in denied
-    _unchanged(before, cluster.read(name))
-
-
-@pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_the_extender_changes_nothing_of_a_bound_pod(cluster: Cluster, attack: str) -> None:
-    name = unique("bound")
+@pytest.mark.parametrize("bound", [False, True], ids=["pending", "bound"])
+def test_the_extender_may_not_patch_a_pod_at_all(cluster: Cluster, attack: str, bound: bool) -> None:
+    name = unique("bound" if bound else "pending")
     cluster.pod(name)
-    cluster.direct(name)
-    cluster.bind(name)
+    if bound:
+        cluster.bind(name, annotations={directions.ANNOTATION: DIRECTIONS})
     before = cluster.read(name)
-    assert before.spec.node_name == cluster.node
     body, content_type = ATTACKS[attack]
-    denied = refused(lambda: cluster.patch(cluster.extender, name, body, content_type))
-    assert "(rule: extender-" in denied  # a bound pod breaks two rules: which one the server names is its choice
+    with pytest.raises(client.ApiException) as info:
+        cluster.patch(cluster.extender, name, body, content_type)
+    assert info.value.status == 403 and 'cannot patch resource \\"pods\\"' in info.value.body, info.value.body
     _unchanged(before, cluster.read(name))
 
 
-def test_the_extender_directs_and_binds_a_pending_pod_but_never_rewrites_a_bound_ones_directions(
-    cluster: Cluster,
-) -> None:
+def test_the_extender_binds_a_pending_pod_with_its_directions_in_one_write(cluster: Cluster) -> None:
     name = unique("directed")
-    cluster.pod(name)
-    cluster.direct(name, DIRECTIONS)
-    cluster.bind(name)
+    created = cluster.pod(name)
+    cluster.bind(name, annotations={directions.ANNOTATION: DIRECTIONS})
     bound = cluster.read(name)
     assert bound.metadata.annotations == {directions.ANNOTATION: DIRECTIONS}
     assert bound.spec.node_name == cluster.node  # a node with no GPU at all: binding skips every check
-    with pytest.raises(client.ApiException) as again:  # nor can it move a bound pod
-        cluster.bind(name)
+    assert int(bound.metadata.resource_version) > int(created.metadata.resource_version)
+    with pytest.raises(client.ApiException) as again:  # nor can it move a bound pod, or redirect it
+        cluster.bind(name, annotations={directions.ANNOTATION: DIRECTIONS.replace("GPU-0", "GPU-1")})
     assert again.value.status == 409, again.value.body
-    other = DIRECTIONS.replace("GPU-0", "GPU-1")
-    denied = refused(lambda: cluster.direct(name, other))
-    assert UNBOUND_ONLY.format(pod=f"{cluster.namespace}/{name}", node=cluster.node) in denied
     after = cluster.read(name)
     assert after.metadata.annotations == {directions.ANNOTATION: DIRECTIONS}
     assert after.metadata.resource_version == bound.metadata.resource_version
+
+
+BINDING_SMUGGLES = {
+    "another annotation": ({"example.com/owner": "attacker"}, None, "rule: extender-binds-with-directions-only"),
+    "directions and another annotation": (
+        {directions.ANNOTATION: DIRECTIONS, "example.com/owner": "attacker"}, None,
+        "rule: extender-binds-with-directions-only",
+    ),
+    "a label": (None, {"app": "attacker"}, "rule: extender-binds-without-labels"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("smuggle", sorted(BINDING_SMUGGLES))
+def test_a_binding_from_the_extender_carries_nothing_onto_the_pod_but_directions(cluster: Cluster, smuggle: str) -> None:
+    """A Binding's annotations and labels are merged into the pod: the policy allows only the
+    directions (a relabel would move the pod into another Service's endpoints)."""
+    name = unique("smuggle")
+    before = cluster.pod(name)
+    annotations, labels, rule = BINDING_SMUGGLES[smuggle]
+    denied = refused(lambda: cluster.bind(name, annotations=annotations, labels=labels))
+    assert rule in denied and f"{cluster.namespace}/{name}" in denied
+    _unchanged(before, cluster.read(name))
+    assert not cluster.read(name).metadata.annotations
 
 
 def test_the_extender_may_not_write_a_pods_status_or_delete_it(cluster: Cluster) -> None:
@@ -218,12 +257,24 @@ def test_a_user_who_creates_pods_cannot_create_one_with_directions(cluster: Clus
     assert _reserved(controlplane.ADMIN) in denied
 
 
+def test_no_one_but_the_extender_may_bind_a_pod_with_directions(cluster: Cluster) -> None:
+    """A Binding's annotations land on the pod: another scheduler (here the cluster's
+    administrator, who may bind) cannot smuggle directions in that way either."""
+    name = unique("other-binder")
+    before = cluster.pod(name)
+    denied = refused(lambda: cluster.bind(name, annotations={directions.ANNOTATION: DIRECTIONS}, by=cluster.admin))
+    assert _reserved(controlplane.ADMIN) in denied and "(rule: directions-from-the-extender-only)" in denied
+    _unchanged(before, cluster.read(name))
+    cluster.bind(name, by=cluster.admin)  # a plain Binding, as kube-scheduler's own, is admitted
+    assert cluster.read(name).spec.node_name == cluster.node
+
+
 def test_a_user_cannot_add_change_or_remove_directions_but_may_edit_the_rest(cluster: Cluster) -> None:
     name = unique("tenant-pod")
     cluster.pod(name, by=cluster.tenant)
     denied = refused(lambda: cluster.patch(cluster.tenant, name, {"metadata": {"annotations": {directions.ANNOTATION: DIRECTIONS}}}))
     assert "directions-from-the-extender-only" in denied
-    cluster.direct(name)  # the extender's own write is admitted
+    cluster.bind(name, annotations={directions.ANNOTATION: DIRECTIONS})  # the extender's own write is admitted
     relabelled = cluster.patch(cluster.tenant, name, {"metadata": {"labels": {"team": "a"}}})
     assert relabelled.metadata.annotations == {directions.ANNOTATION: DIRECTIONS}
     for value in (DIRECTIONS.replace("GPU-0", "GPU-1"), None):

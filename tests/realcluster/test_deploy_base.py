@@ -191,6 +191,7 @@ EXTENDER_MAY_NOT = [
     ("create", "nodegpustates", GROUP, "", "", ""), ("update", "nodegpustates", GROUP, "status", "", ""),
     ("delete", "nodegpustates", GROUP, "", "", ""), ("create", "pods", "", "", "default", ""),
     ("update", "pods", "", "", "default", ""), ("delete", "pods", "", "", "default", ""),
+    ("patch", "pods", "", "", "default", ""),  # directions ride on the Binding: no pod write at all
     ("patch", "pods", "", "status", "default", ""), ("get", "secrets", "", "", EXTENDER_NAMESPACE, ""),
     ("update", "nodes", "", "", "", ""), ("create", "events", "", "", "default", ""),
     ("patch", "nodes", "", "", "", ""), ("create", "pods", "", "exec", "default", ""),

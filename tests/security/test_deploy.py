@@ -207,12 +207,12 @@ def granted(account: str) -> dict[str, set[str]]:
     return out
 
 
-def test_the_extender_may_read_states_and_pods_annotate_pods_and_create_bindings_nothing_else() -> None:
-    # patch: the directed-GPU annotation written at /bind (docs/security.md says what it allows).
+def test_the_extender_may_read_states_and_pods_and_create_bindings_nothing_else() -> None:
+    # No patch of pods: the directed GPUs ride on the Binding (docs/security.md says what it allows).
     # nodes (read only): allocatable CPU and memory for the CPU-aware ranks (sharepack/extender/noderesources.py).
     assert granted("sharepack-extender") == {
         "sharepack.io:nodegpustates": {"get", "list", "watch"},
-        "pods": {"get", "list", "watch", "patch"},
+        "pods": {"get", "list", "watch"},
         "pods/binding": {"create"},
         "nodes": {"get", "list", "watch"},
     }

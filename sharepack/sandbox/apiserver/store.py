@@ -621,6 +621,13 @@ class Store:
             raise conflict(rt, name, "pod is being deleted, cannot be assigned to a host")
         prev = copy.deepcopy(pod)
         pod.setdefault("spec", {})["nodeName"] = node
+        # As the real Binding handler: the Binding's annotations and labels are merged into the
+        # pod in the same write (the extender's directed GPUs ride on it).
+        meta = body.get("metadata") or {}
+        for part in ("annotations", "labels"):
+            extra = meta.get(part) if isinstance(meta, dict) else None
+            if isinstance(extra, dict) and extra:
+                pod["metadata"].setdefault(part, {}).update({str(k): str(v) for k, v in extra.items()})
         conditions = [c for c in pod.setdefault("status", {}).get("conditions", []) if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()})
         pod["status"]["conditions"] = conditions
