@@ -123,7 +123,6 @@ async def test_a_stale_node_passes_the_filter_and_scores_zero(age: float, full_f
     view = make_view(clock)
     clock.now = T0 + age
     reply = await ask(view, "filter")
-    assert ("node-full" in (reply["FailedNodes"] or {})) is full_fails
     assert ("node-full" in reply["NodeNames"]) is not full_fails
     scores = {p["Host"]: p["Score"] for p in await ask(view, "prioritize")}
     assert (scores.get("node-used", 0) > 0) is used_score
@@ -134,7 +133,7 @@ async def test_without_a_max_age_old_states_are_still_scored() -> None:
     clock = WallClock(T0 + 86400)
     view = make_view(clock, max_age=0)
     reply = await ask(view, "filter")
-    assert "node-full" in reply["FailedNodes"]
+    assert reply["NodeNames"] == ["node-used"]
     assert view.sweep_stale() == 0 and view.count_stale() == 0
 
 
@@ -148,7 +147,7 @@ async def test_a_heartbeat_makes_the_node_fresh_again_and_keeps_its_scorer() -> 
     view.upsert_state(state_obj("node-full", clock.now, FULL, rv="2"))
     assert view.scorers["node-full"] is before, "a heartbeat is not a change: the memo stays"
     assert view.fresh_scorer("node-full") is before
-    assert "node-full" in (await ask(view, "filter"))["FailedNodes"]
+    assert (await ask(view, "filter"))["NodeNames"] == ["node-used"]
     # A real change still rebuilds.
     view.upsert_state(state_obj("node-full", clock.now, [(4, 3), (4, 4)], rv="3"))
     assert view.scorers["node-full"] is not before
@@ -321,7 +320,7 @@ async def test_a_dead_agents_state_from_the_api_is_unknown_until_it_writes_again
                         async with asyncio.timeout(10):
                             while True:
                                 reply = await filter_reply()
-                                if reply["NodeNames"] == passed and set(reply["FailedNodes"]) == failed:
+                                if reply["NodeNames"] == passed and not failed & set(reply["NodeNames"]):
                                     return
                                 await asyncio.sleep(max_age / 10)
                     raise AssertionError(f"filter never answered {passed} passed, {failed} failed; last: {reply}")

@@ -126,12 +126,20 @@ async def post(client: TestClient[Any, Any], verb: str, body: bytes) -> tuple[in
 # --- filter -----------------------------------------------------------------------------------
 
 
-async def test_filter_with_node_names_echoes_survivors_and_says_why_the_others_fail(client: Any) -> None:
+async def test_filter_with_node_names_echoes_survivors_and_names_no_failure_while_one_passes(client: Any) -> None:
     status, reply = await post(client, "filter", args_body(pod_json({SHARED: "2"}), NODES))
     assert status == 200
     assert reply["NodeNames"] == ["node-used", "node-empty", "node-unknown"]
     assert reply["Nodes"] is None
     assert reply["Error"] == ""
+    # kube-scheduler reads the reasons only when no node passes (sharepack/extender/server.py).
+    assert reply["FailedNodes"] == {} and reply["FailedAndUnresolvableNodes"] == {}
+
+
+async def test_filter_says_why_each_node_fails_when_none_passes(client: Any) -> None:
+    status, reply = await post(client, "filter", args_body(pod_json({SHARED: "2"}), ["node-full", "node-strict"]))
+    assert status == 200
+    assert reply["NodeNames"] == []
     assert set(reply["FailedNodes"]) == {"node-full"}
     assert "not enough free devices" in reply["FailedNodes"]["node-full"]
     assert set(reply["FailedAndUnresolvableNodes"]) == {"node-strict"}
@@ -143,7 +151,8 @@ async def test_filter_with_full_node_objects_echoes_the_surviving_objects(client
     assert status == 200
     assert reply["NodeNames"] is None
     assert reply["Nodes"]["items"] == [node_json(n) for n in ["node-used", "node-empty", "node-strict", "node-unknown"]]
-    assert set(reply["FailedNodes"]) == {"node-full"}
+    status, reply = await post(client, "filter", args_body(pod_json({SHARED: "1"}), ["node-full"], cache_capable=False))
+    assert reply["Nodes"]["items"] == [] and set(reply["FailedNodes"]) == {"node-full"}
 
 
 async def test_any_key_case_is_accepted(client: Any) -> None:
@@ -187,7 +196,10 @@ async def test_a_resource_some_nodes_publish_fails_the_nodes_without_it() -> Non
         status, reply = await post(c, "filter", args_body(pod_json({"nvidia.com/mig-1g.5gb": "1"}), [*NODES, "node-mig"]))
     assert status == 200
     assert reply["NodeNames"] == ["node-unknown", "node-mig"]
-    assert set(reply["FailedAndUnresolvableNodes"]) == set(NODES) - {"node-unknown"}
+    without = [n for n in NODES if n != "node-unknown"]
+    async with TestClient(TestServer(Extender(view).app())) as c:
+        status, reply = await post(c, "filter", args_body(pod_json({"nvidia.com/mig-1g.5gb": "1"}), without))
+    assert reply["NodeNames"] == [] and set(reply["FailedAndUnresolvableNodes"]) == set(without)
     assert "publishes no such resource" in reply["FailedAndUnresolvableNodes"]["node-used"]
 
 
@@ -359,7 +371,7 @@ async def test_each_reply_echoes_the_node_objects_of_its_own_request() -> None:
             status, reply = await post(c, "filter", body)
             assert status == 200
             assert reply["Nodes"]["items"] == [items[0], items[2]], round_
-            assert reply["NodeNames"] is None and set(reply["FailedNodes"]) == {"node-full"}
+            assert reply["NodeNames"] is None and reply["FailedNodes"] == {}
 
 
 @pytest.mark.parametrize("name", ["node-0", 'we"ird\\name', "ünïcode-节点"])
