@@ -147,6 +147,17 @@ def _free(g: GpuState) -> int:
     return min(g.free, max(g.total, 0))
 
 
+def _refused(res: ResourceState, container: str, n: int) -> NodeScore | None:
+    """The verdict on a node that refuses `n` devices of `res` to one container, else None."""
+    if res.fail_requests_greater_than_one and res.sharing is not Sharing.NONE and n > 1:
+        return _infeasible(
+            f"{res.name}: container {container!r} requests {n} replicas and the node sets "
+            f"failRequestsGreaterThanOne",
+            unresolvable=True,
+        )
+    return None
+
+
 def _simulate(
     res: ResourceState,
     request: PodRequest,
@@ -166,12 +177,9 @@ def _simulate(
         n = c.amount(name)
         if n == 0:
             continue
-        if res.fail_requests_greater_than_one and res.sharing is not Sharing.NONE and n > 1:
-            return _infeasible(
-                f"{name}: container {c.name!r} requests {n} replicas and the node sets "
-                f"failRequestsGreaterThanOne",
-                unresolvable=True,
-            )
+        refused = _refused(res, c.name, n)
+        if refused is not None:
+            return refused
         reused = _take(policy, reusable, n) if reusable else {}
         missing = n - sum(reused.values())
         extra: dict[str, int] = {}
@@ -256,6 +264,20 @@ def score_node(
         if free < total:
             return _infeasible(f"{name}: not enough free devices: pod needs {total}, node has {free}")
 
+    if node_policy == NodePolicy.FRAGAWARE and directed:
+        # The extender directs a share's GPU itself: the agent's own choice (the loop below)
+        # would be replaced, so it is not simulated. The one container's request passed the
+        # feasibility check above, so the loop could only refuse it for
+        # failRequestsGreaterThanOne.
+        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        known = admitted or _ALL_ADMITTED
+        chosen = _directed_share(state, request, measure, known)
+        if chosen is not None:
+            ((name, n),) = request.totals
+            res = state.resource(name)
+            assert res is not None  # `_directed_share` found it
+            return _refused(res, request.containers[0].name, n) or chosen
+
     placement: dict[str, tuple[str, ...]] = {}
     landed: list[tuple[GpuState, int]] = []
     for name, _ in request.totals:
@@ -271,8 +293,7 @@ def score_node(
     if node_policy == NodePolicy.FRAGAWARE:
         measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
         known = admitted or _ALL_ADMITTED
-        chosen = _directed_share(state, request, measure, known) if directed else None
-        return _fragaware(state, chosen or placement, measure, known)
+        return _fragaware(state, placement, measure, known)  # directed: no GPU has room for the share
     return _packed(state, placement, landed, node_policy, admitted=admitted, workload=workload)
 
 
@@ -434,46 +455,103 @@ def _fragaware(
     """`fragaware`: the node's fragmentation (FGD's measure) before minus after the placement,
     on the 0..10 scale (`fragmentation.extender_score`); its rank is `placement_rank`, with
     the share left on the GPUs the pod lands on as the leftover."""
-    before = free_shares(state)
     after = free_shares(state, placement)
-    grad = measure.gradient(tuple(before.values()), tuple(after.values()), *admitted)
     landed = {k for keys in placement.values() for k in keys}
     leftover = sum(after[k] for k in landed if k in after)
+    before = tuple(free_shares(state).values())
+    return _fragaware_ranked(before, tuple(after.values()), leftover, placement, measure, admitted)
+
+
+def _fragaware_ranked(
+    before: tuple[int, ...], after: tuple[int, ...], leftover: int, placement: Placement,
+    measure: fragmentation.Fragmentation, admitted: tuple[int, int], ranked: tuple[float, float] | None = None,
+) -> NodeScore:  # fmt: skip
+    """`_fragaware` from the node's free shares before and after the placement (any order);
+    `ranked`: the gradient and rank, where the caller has them (`leftover` is then unused)."""
+    if ranked is None:
+        grad = measure.gradient(before, after, *admitted)
+        rank = fragmentation.placement_rank(grad, leftover)
+    else:
+        grad, rank = ranked
     score = fragmentation.extender_score(grad)
     total = measure.total_weight
     reason = (
-        f"frag {measure.weighted(tuple(before.values()), admitted[0]) / total:.0f}"
-        f"->{measure.weighted(tuple(after.values()), admitted[1]) / total:.0f} milli-GPU"
+        f"frag {measure.weighted(before, admitted[0]) / total:.0f}"
+        f"->{measure.weighted(after, admitted[1]) / total:.0f} milli-GPU"
     )
-    rank = fragmentation.placement_rank(grad, leftover)
     return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
 
 
 def _directed_share(
     state: NodeState, request: PodRequest, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
-) -> Placement | None:
-    """The single-GPU placement of a one-container share that `fragaware` ranks best (first
-    GPU in the published order on ties), as FGD chooses a share's GPU; None when the request
-    is not such a share or no single GPU has room (the agent's own placement stands)."""
+) -> NodeScore | None:
+    """`fragaware`'s verdict on the single-GPU placement of a one-container share that it ranks
+    best (first GPU in the published order on ties), as FGD chooses a share's GPU; None when
+    the request is not such a share or no single GPU has room (the agent's own placement
+    stands).
+
+    Each candidate's free shares after are `free_shares(state, {name: (key,) * n})`, built
+    from the shares before: only the candidate's own entry changes (the least free of the
+    resources listing its GPU, this one less `n`). Candidates whose entry goes from the same
+    share to the same share leave the same shares, so the same rank: only the first counts."""
     if len(request.totals) != 1 or len(request.containers) != 1:
         return None
     name, n = request.totals[0]
     res = state.resource(name)
     if res is None or res.sharing is Sharing.NONE:
         return None
-    before = free_shares(state)
+    # `free_shares(state)` and, per GPU, every listing of it with devices (devices the share
+    # takes from it, free, total), in one pass: this runs per node for every new request shape.
+    before: dict[str, int] = {}
+    listings: dict[str, list[tuple[int, int, int]]] = {}
+    candidates: list[str] = []  # GPUs of `res` with room for the share
+    milli = fragmentation.MILLI
+    for r in state.resources:
+        taken = n if r.name == name else 0
+        for g in r.gpus:
+            total = g.total
+            if total <= 0:
+                continue
+            free = min(max(total - g.allocated - g.unhealthy, 0), total)  # `_free(g)`, inlined
+            share = free * milli // total
+            key = g.key
+            prev = before.get(key)
+            if prev is None:
+                before[key] = share
+                listings[key] = [(taken, free, total)]
+            else:
+                before[key] = min(prev, share)
+                listings[key].append((taken, free, total))
+            if r is res and free >= n:
+                candidates.append(key)
     free_before = tuple(before.values())
-    best: tuple[float, str] | None = None
-    for g in res.gpus:
-        if _free(g) < n:
+    position = {k: i for i, k in enumerate(before)}
+    after = list(free_before)
+    weighted_before = measure.weighted(free_before, admitted[0])
+    best: tuple[float, str, tuple[int, ...], int, float] | None = None
+    tried: set[tuple[int, int]] = set()
+    for key in candidates:
+        listed = listings[key]
+        if len(listed) == 1:  # the usual GPU, listed by one resource
+            share = (listed[0][1] - n) * milli // listed[0][2]  # its free >= n
+        else:
+            share = min(max(free - taken, 0) * milli // total for taken, free, total in listed)
+        i = position[key]
+        if (free_before[i], share) in tried:
             continue
-        candidate = {name: (g.key,) * n}
-        after = free_shares(state, candidate)
-        grad = measure.gradient(free_before, tuple(after.values()), *admitted)
-        rank = fragmentation.placement_rank(grad, after[g.key])
+        tried.add((free_before[i], share))
+        after[i] = share
+        candidate = tuple(after)
+        after[i] = free_before[i]
+        grad = measure.gradient_from(weighted_before, candidate, admitted[1])
+        rank = fragmentation.placement_rank(grad, share)
         if best is None or rank > best[0]:
-            best = (rank, g.key)
-    return None if best is None else MappingProxyType({name: (best[1],) * n})
+            best = (rank, key, candidate, grad)
+    if best is None:
+        return None
+    rank, key, candidate, grad = best
+    placement = MappingProxyType({name: (key,) * n})
+    return _fragaware_ranked(free_before, candidate, 0, placement, measure, admitted, (grad, rank))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -637,6 +715,28 @@ def any_order_applies(request: PodRequest) -> bool:
     return len(request.containers) == 1
 
 
+def directed_ties_are_identical(state: NodeState) -> bool:
+    """Whether `fragaware`'s directed share breaks its ties only between GPUs with the same free
+    count, so that its verdict (not its placement) is the same in any GPU order: every GPU is
+    listed by one resource, and the GPUs of a resource have one total, at most `MILLI` devices.
+
+    The directed share takes the first GPU in the published order among those of the best
+    `placement_rank`: FGD's truncated score, an integer, less half the share left on the GPU,
+    below one half. Two ranks tie only with the same share left, which with one total of at
+    most `MILLI` means the same free count before, so the same free shares after: the same
+    score, reason and rank whichever of them is taken."""
+    listed: set[str] = set()
+    for r in state.resources:
+        totals = {g.total for g in r.gpus}
+        if len(totals) > 1 or any(t > fragmentation.MILLI for t in totals):
+            return False
+        keys = {g.key for g in r.gpus}
+        if keys & listed:
+            return False
+        listed |= keys
+    return True
+
+
 def _ties_are_identical(res: ResourceState, full: Mapping[str, tuple[object, ...]]) -> bool:
     """GPUs of `res` that the greedy loop ranks alike (same total - free) have the same counts
     in every resource."""
@@ -736,7 +836,7 @@ class NodeScorer:
 
     __slots__ = (
         "state", "version", "node_policy", "workload", "room", "model", "directed", "whole_of", "_memo", "_verdicts",
-        "_templates", "_exact", "_any",
+        "_templates", "_exact", "_any", "_room_admits",
     )  # fmt: skip
 
     def __init__(
@@ -771,20 +871,27 @@ class NodeScorer:
         # needed, and in any order (`signature`), computed here: most requests use it.
         self._exact: tuple[int, tuple[str, ...]] | None = None
         self._any: tuple[int, tuple[str, ...]] | None = None
+        # (measure, the shapes the GPU model admits, those its room admits too, before the
+        # pod), computed when first needed: `admitted` runs per node for every new shape.
+        self._room_admits: tuple[fragmentation.Fragmentation, int, int] | None = None
         if templates is not None and templates.node_policy == node_policy:
             self._templates = templates
-            if node_policy != NodePolicy.FRAGAWARE:
+            # `fragaware` (its directed share takes the first GPU in the published order among
+            # the best) shares verdicts in any order only where its ties are identical, and
+            # placements never (`_template`).
+            if node_policy != NodePolicy.FRAGAWARE or directed_ties_are_identical(state):
                 sig = signature(state, any_order=True)
                 if sig is not None:
                     self._any = (templates.intern(sig[0]), sig[1])
 
-    def _template(self, request: PodRequest) -> tuple[ScoreTemplates, int, tuple[str, ...]] | None:
+    def _template(self, request: PodRequest, *, renamed: bool) -> tuple[ScoreTemplates, int, tuple[str, ...]] | None:
         """The shared templates and this node's id and keys there for `request`; None when
-        this node shares nothing (no templates, or a GPU key repeated)."""
+        this node shares nothing (no templates, or a GPU key repeated). `renamed`: the shared
+        placement is to be renamed to this node's GPUs (`score`), not only its verdict."""
         t = self._templates
         if t is None:
             return None
-        if self._any is not None and any_order_applies(request):
+        if self._any is not None and any_order_applies(request) and not (renamed and self.node_policy == NodePolicy.FRAGAWARE):
             return t, *self._any
         if self._exact is None:
             sig = signature(self.state)
@@ -797,20 +904,23 @@ class NodeScorer:
     def admitted(self, request: PodRequest) -> tuple[int, int] | None:
         """The typical shapes the node's GPU model, CPU and memory admit before and after
         `request`; None when the node's room is unknown (or the policy does not look at it)."""
-        if self.room is None:
+        room = self.room
+        if room is None:
             return None
-        measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        access = measure.access(self.model)
-        cpu, memory = self.room
-        before = access & measure.admitted(cpu, memory)
+        known = self._room_admits
+        if known is None:
+            measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+            access = measure.access(self.model)
+            known = self._room_admits = (measure, access, access & measure.admitted(*room))
+        measure, access, before = known
         if not request.cpu and not request.memory:
             return before, before
-        return before, access & measure.admitted(cpu - request.cpu, memory - request.memory)
+        return before, access & measure.admitted(room[0] - request.cpu, room[1] - request.memory)
 
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)
         if hit is None:
-            shared = self._template(request)
+            shared = self._template(request, renamed=True)
             admitted = self.admitted(request)
             if shared is None:
                 hit = score_node(
@@ -830,7 +940,7 @@ class NodeScorer:
         hit = self._memo.get(request.shape) or self._verdicts.get(request.shape)
         if hit is not None:
             return hit
-        shared = self._template(request)
+        shared = self._template(request, renamed=False)
         if shared is None:
             return self.score(request)
         t, sid, keys = shared
