@@ -116,8 +116,16 @@ def node_state(config: Config, name: str, rng: random.Random, rv: int, *, alike:
 
 
 def node_object(config: Config, name: str) -> dict[str, Any]:
-    allocatable = {"cpu": f"{CPU_MILLI}m", "memory": f"{MEMORY_MIB}Mi", "pods": "1000", SHARED: str(GPUS * config.replicas)}
-    return {"metadata": {"name": name, "labels": {gpumodels.PRODUCT_LABEL: MODEL}}, "status": {"allocatable": allocatable}}
+    allocatable = {
+        "cpu": f"{CPU_MILLI}m",
+        "memory": f"{MEMORY_MIB}Mi",
+        "pods": "1000",
+        SHARED: str(GPUS * config.replicas),
+    }
+    return {
+        "metadata": {"name": name, "labels": {gpumodels.PRODUCT_LABEL: MODEL}},
+        "status": {"allocatable": allocatable},
+    }
 
 
 def load_view(config: Config, names: list[str], seed: int, *, alike: bool = False) -> ClusterView:

@@ -151,8 +151,7 @@ def _refused(res: ResourceState, container: str, n: int) -> NodeScore | None:
     """The verdict on a node that refuses `n` devices of `res` to one container, else None."""
     if res.fail_requests_greater_than_one and res.sharing is not Sharing.NONE and n > 1:
         return _infeasible(
-            f"{res.name}: container {container!r} requests {n} replicas and the node sets "
-            f"failRequestsGreaterThanOne",
+            f"{res.name}: container {container!r} requests {n} replicas and the node sets failRequestsGreaterThanOne",
             unresolvable=True,
         )
     return None
@@ -891,7 +890,9 @@ class NodeScorer:
         t = self._templates
         if t is None:
             return None
-        if self._any is not None and any_order_applies(request) and not (renamed and self.node_policy == NodePolicy.FRAGAWARE):
+        # `fragaware` shares only verdicts in any order (`directed_ties_are_identical`).
+        any_order = not (renamed and self.node_policy == NodePolicy.FRAGAWARE)
+        if self._any is not None and any_order and any_order_applies(request):
             return t, *self._any
         if self._exact is None:
             sig = signature(self.state)
