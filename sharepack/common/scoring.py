@@ -226,6 +226,7 @@ def score_node(
     admitted: tuple[int, int] | None = None,
     directed: bool = False,
     whole_of: WholeOf | None = None,
+    choices: ShareChoices | None = None,
 ) -> NodeScore:
     """Predict the pod's placement on this node and score the node under `node_policy`.
 
@@ -236,7 +237,8 @@ def score_node(
     scores the placement the extender would choose and direct the agent to (for a share on
     one replicated GPU, the GPU with the best `placement_rank`), not the agent's own.
     `whole_of`: the node lists its GPUs whole and shared (the DRA mode): feasibility and
-    placement come from both resources, the rank from the replicas (`whole_as_shares`)."""
+    placement come from both resources, the rank from the replicas (`whole_as_shares`).
+    `choices`: `share_choices(state, request)`, where the caller keeps it (`directed` only)."""
     if whole_of is not None and all(state.resource(name) is not None for name in whole_of):
         merged, _ = whole_as_shares(state, _EMPTY, whole_of)
         if request.empty:
@@ -255,6 +257,13 @@ def score_node(
         if node_policy == Policy.PACKED and admitted is not None:
             return _packed_without_gpus(state, admitted, workload)
         return NO_REQUEST
+    if node_policy == NodePolicy.FRAGAWARE and directed:
+        # The extender directs a share's GPU itself: the agent's own choice (the loop below)
+        # would be replaced, so it is not simulated.
+        prepared = choices if choices is not None else share_choices(state, request)
+        if prepared is not None:
+            measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+            return _choose(prepared, measure, admitted or _ALL_ADMITTED)
     for name, total in request.totals:
         res = state.resource(name)
         if res is None:
@@ -262,20 +271,6 @@ def score_node(
         free = sum(_free(g) for g in {g.key: g for g in res.gpus}.values())
         if free < total:
             return _infeasible(f"{name}: not enough free devices: pod needs {total}, node has {free}")
-
-    if node_policy == NodePolicy.FRAGAWARE and directed:
-        # The extender directs a share's GPU itself: the agent's own choice (the loop below)
-        # would be replaced, so it is not simulated. The one container's request passed the
-        # feasibility check above, so the loop could only refuse it for
-        # failRequestsGreaterThanOne.
-        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        known = admitted or _ALL_ADMITTED
-        chosen = _directed_share(state, request, measure, known)
-        if chosen is not None:
-            ((name, n),) = request.totals
-            res = state.resource(name)
-            assert res is not None  # `_directed_share` found it
-            return _refused(res, request.containers[0].name, n) or chosen
 
     placement: dict[str, tuple[str, ...]] = {}
     landed: list[tuple[GpuState, int]] = []
@@ -481,28 +476,42 @@ def _fragaware_ranked(
     return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
 
 
-def _directed_share(
-    state: NodeState, request: PodRequest, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
-) -> NodeScore | None:
-    """`fragaware`'s verdict on the single-GPU placement of a one-container share that it ranks
-    best (first GPU in the published order on ties), as FGD chooses a share's GPU; None when
-    the request is not such a share or no single GPU has room (the agent's own placement
-    stands).
+@dataclass(frozen=True, slots=True)
+class ShareChoices:
+    """What `fragaware`'s directed choice of a share's GPU on one node state needs, apart from
+    the shapes the node admits (its CPU and memory): the candidates' free shares after. Nodes
+    alike in any order (`directed_ties_are_identical`) share it (`ScoreTemplates`), so a new
+    request shape prepares it once per such group and ranks it once per admitted pair.
 
-    Each candidate's free shares after are `free_shares(state, {name: (key,) * n})`, built
-    from the shares before: only the candidate's own entry changes (the least free of the
-    resources listing its GPU, this one less `n`). Candidates whose entry goes from the same
-    share to the same share leave the same shares, so the same rank: only the first counts."""
+    Only for a request the general path would hand to the directed choice: one container, one
+    replicated resource the node publishes, enough free devices, not refused
+    (failRequestsGreaterThanOne), and some GPU with room for the whole share."""
+
+    name: str  # the resource
+    n: int  # devices the share takes
+    before: tuple[int, ...]  # `free_shares(state)`, any order
+    # (GPU key, `free_shares` after the share lands there, the share left on that GPU), in the
+    # published order, one per distinct (share before, share after) of the GPU: the others
+    # leave the same shares, so the same rank, and only the first of equal ranks is taken.
+    candidates: tuple[tuple[str, tuple[int, ...], int], ...]
+
+
+def share_choices(state: NodeState, request: PodRequest) -> ShareChoices | None:
+    """The node's `ShareChoices` for `request`; None where the directed choice does not apply
+    (the general path of `score_node` then judges the node)."""
     if len(request.totals) != 1 or len(request.containers) != 1:
         return None
     name, n = request.totals[0]
     res = state.resource(name)
-    if res is None or res.sharing is Sharing.NONE:
+    if res is None or res.sharing is Sharing.NONE or _refused(res, request.containers[0].name, n) is not None:
         return None
-    # `free_shares(state)` and, per GPU, every listing of it with devices (devices the share
-    # takes from it, free, total), in one pass: this runs per node for every new request shape.
+    # `free_shares(state)`, per GPU every listing of it with devices (devices the share takes
+    # from it, free, total), and the free devices of `res` as the feasibility check counts
+    # them (a key listed twice: its last listing), in one pass: this runs per node for every
+    # new request shape.
     before: dict[str, int] = {}
     listings: dict[str, list[tuple[int, int, int]]] = {}
+    counted: dict[str, int] = {}
     candidates: list[str] = []  # GPUs of `res` with room for the share
     milli = fragmentation.MILLI
     for r in state.resources:
@@ -510,6 +519,8 @@ def _directed_share(
         for g in r.gpus:
             total = g.total
             if total <= 0:
+                if r is res:
+                    counted[g.key] = 0  # `_free(g)`
                 continue
             free = min(max(total - g.allocated - g.unhealthy, 0), total)  # `_free(g)`, inlined
             share = free * milli // total
@@ -521,36 +532,46 @@ def _directed_share(
             else:
                 before[key] = min(prev, share)
                 listings[key].append((taken, free, total))
-            if r is res and free >= n:
-                candidates.append(key)
+            if r is res:
+                counted[key] = free
+                if free >= n:
+                    candidates.append(key)
+    if not candidates or sum(counted.values()) < n:
+        return None
     free_before = tuple(before.values())
     position = {k: i for i, k in enumerate(before)}
     after = list(free_before)
-    weighted_before = measure.weighted(free_before, admitted[0])
-    best: tuple[float, str, tuple[int, ...], int, float] | None = None
+    chosen: list[tuple[str, tuple[int, ...], int]] = []
     tried: set[tuple[int, int]] = set()
     for key in candidates:
         listed = listings[key]
         if len(listed) == 1:  # the usual GPU, listed by one resource
-            share = (listed[0][1] - n) * milli // listed[0][2]  # its free >= n
+            left = (listed[0][1] - n) * milli // listed[0][2]  # its free >= n
         else:
-            share = min(max(free - taken, 0) * milli // total for taken, free, total in listed)
+            left = min(max(free - taken, 0) * milli // total for taken, free, total in listed)
         i = position[key]
-        if (free_before[i], share) in tried:
-            continue
-        tried.add((free_before[i], share))
-        after[i] = share
-        candidate = tuple(after)
-        after[i] = free_before[i]
-        grad = measure.gradient_from(weighted_before, candidate, admitted[1])
-        rank = fragmentation.placement_rank(grad, share)
+        if (free_before[i], left) not in tried:
+            tried.add((free_before[i], left))
+            after[i] = left
+            chosen.append((key, tuple(after), left))
+            after[i] = free_before[i]
+    return ShareChoices(name, n, free_before, tuple(chosen))
+
+
+def _choose(choices: ShareChoices, measure: fragmentation.Fragmentation, admitted: tuple[int, int]) -> NodeScore:
+    """`fragaware`'s verdict on the share's best GPU by `placement_rank` (the first of equal
+    ranks), as FGD chooses a share's GPU."""
+    weighted_before = measure.weighted(choices.before, admitted[0])
+    best: tuple[float, float, str, tuple[int, ...]] | None = None
+    for key, after, left in choices.candidates:
+        grad = measure.gradient_from(weighted_before, after, admitted[1])
+        rank = fragmentation.placement_rank(grad, left)
         if best is None or rank > best[0]:
-            best = (rank, key, candidate, grad)
-    if best is None:
-        return None
-    rank, key, candidate, grad = best
-    placement = MappingProxyType({name: (key,) * n})
-    return _fragaware_ranked(free_before, candidate, 0, placement, measure, admitted, (grad, rank))
+            best = (rank, grad, key, after)
+    assert best is not None  # `share_choices` keeps only requests with candidates
+    rank, grad, key, after = best
+    placement = {choices.name: (key,) * choices.n}
+    return _fragaware_ranked(choices.before, after, 0, placement, measure, admitted, (grad, rank))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -665,7 +686,9 @@ def placement_gpus(placement: Placement) -> dict[str, frozenset[str]]:
     return {name: frozenset(keys) for name, keys in placement.items() if keys}
 
 
-def signature(state: NodeState, *, any_order: bool = False) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
+def signature(
+    state: NodeState, *, any_order: bool = False, published_order: bool = False
+) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
     """A key under which node states score alike, and the node's GPU keys in that key's order.
 
     `score_node` looks at GPU keys only to tell GPUs apart and to break ties by key order, so
@@ -677,18 +700,22 @@ def signature(state: NodeState, *, any_order: bool = False) -> tuple[tuple[objec
     order share a key (on a busy cluster most nodes differ only so); None where the order of
     GPUs could change the greedy loop's choice. Valid for requests whose every resource one
     container takes (`any_order_applies`) and not for `fragaware` (its directed share breaks
-    ties by published order). Within one call the loop ranks a GPU by its allocated count
-    (total - free) and what the pod took from it so far, ties by key: two GPUs tie only if
+    ties by published order: `directed_ties_are_identical` says where that does not matter).
+    Within one call the loop ranks a GPU by its allocated count (total - free) and what the
+    pod took from it so far, ties by key: two GPUs tie only if
     they started with the same allocated count. If, in every resource, GPUs with the same
     allocated count have the same counts everywhere, ties only fall between GPUs with
     identical counts, whose relative order the counts-first order keeps.
+
+    `published_order`: the key keeps the order in which the node lists its GPUs, for
+    `fragaware`'s directed share, which takes the first of equally ranked GPUs in that order.
     """
     all_keys = {g.key for r in state.resources for g in r.gpus}
     for r in state.resources:
         if len({g.key for g in r.gpus}) != len(r.gpus):
             return None
     keys: list[str] = sorted(all_keys)
-    ordered_by = "key"
+    ordered_by = "published" if published_order else "key"
     if any_order:
         counts: dict[str, list[object]] = {k: [] for k in keys}
         for i, r in enumerate(state.resources):
@@ -702,7 +729,8 @@ def signature(state: NodeState, *, any_order: bool = False) -> tuple[tuple[objec
     pos = {k: i for i, k in enumerate(keys)}
     parts: list[object] = [ordered_by, state.allocation_policy]
     for r in state.resources:
-        gpus = tuple(sorted((pos[g.key], g.total, g.allocated, g.unhealthy) for g in r.gpus))
+        listed = [(pos[g.key], g.total, g.allocated, g.unhealthy) for g in r.gpus]
+        gpus = tuple(listed if published_order else sorted(listed))
         parts.append((r.name, r.sharing, r.fail_requests_greater_than_one, gpus))
     return tuple(parts), tuple(keys)
 
@@ -756,7 +784,7 @@ class ScoreTemplates:
     ints when a scorer is built (on the watch path), so a lookup hashes an int and a string.
     """
 
-    __slots__ = ("node_policy", "workload", "directed", "whole_of", "_ids", "_memo", "_next", "max_entries")
+    __slots__ = ("node_policy", "workload", "directed", "whole_of", "_ids", "_memo", "_choices", "_next", "max_entries")
 
     def __init__(
         self,
@@ -775,6 +803,10 @@ class ScoreTemplates:
         self._memo: dict[
             tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]
         ] = {}
+        # (id of a signature in any order, GPU shape) -> `share_choices` of its first node: the
+        # directed share's candidates depend on the counts alone, only their ranks on the
+        # shapes a node admits (`_entry`).
+        self._choices: dict[tuple[int, str], ShareChoices | None] = {}
         self._next = 0
         self.max_entries = max_entries
 
@@ -789,17 +821,32 @@ class ScoreTemplates:
 
     def _entry(
         self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest,
-        admitted: tuple[int, int] | None,
-    ) -> tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]:
+        admitted: tuple[int, int] | None, *, alike: bool = False,
+    ) -> tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...] | None]:
+        """The shared score and its placement as positions in `keys` (None: not renamable,
+        the placement names another node's GPUs). `alike`: `sid` is a signature in any order
+        under `fragaware`, whose verdicts only are shared (`directed_ties_are_identical`):
+        the directed share's candidates then come from the first node of that signature."""
         memo_key = (sid, request.gpu_shape, admitted)  # CPU matters only through `admitted`
         hit = self._memo.get(memo_key)
         if hit is None:
+            choices = None
+            if alike and self.directed and self.whole_of is None:
+                choices_key = (sid, request.gpu_shape)
+                if choices_key in self._choices:
+                    choices = self._choices[choices_key]
+                else:
+                    if len(self._choices) >= self.max_entries:
+                        self._choices.clear()
+                    choices = self._choices[choices_key] = share_choices(state, request)
             s = score_node(
                 state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed,
-                whole_of=self.whole_of,
+                whole_of=self.whole_of, choices=choices,
             )  # fmt: skip
-            pos = {k: i for i, k in enumerate(keys)}
-            where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
+            where = None
+            if choices is None:
+                pos = {k: i for i, k in enumerate(keys)}
+                where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
             if len(self._memo) >= self.max_entries:
                 self._memo.clear()
             hit = self._memo[memo_key] = (s, where)
@@ -811,6 +858,11 @@ class ScoreTemplates:
     ) -> NodeScore:
         """The node's own score: the shared one with the placement renamed to its GPUs."""
         s, where = self._entry(sid, keys, state, request, admitted)
+        if where is None:  # shared as a verdict only (`NodeScorer` never asks this): its own
+            return score_node(
+                state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed,
+                whole_of=self.whole_of,
+            )  # fmt: skip
         if not where:
             return s
         placement = MappingProxyType({r: tuple(sorted(keys[i] for i in idx)) for r, idx in where})
@@ -820,10 +872,11 @@ class ScoreTemplates:
 
     def verdict(
         self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest,
-        admitted: tuple[int, int] | None = None,
+        admitted: tuple[int, int] | None = None, *, alike: bool = False,
     ) -> NodeScore:
-        """The shared score as is: its placement may name an alike node's GPUs."""
-        return self._entry(sid, keys, state, request, admitted)[0]
+        """The shared score as is: its placement may name an alike node's GPUs. `alike`: as
+        `_entry`."""
+        return self._entry(sid, keys, state, request, admitted, alike=alike)[0]
 
 
 class NodeScorer:
@@ -895,7 +948,8 @@ class NodeScorer:
         if self._any is not None and any_order and any_order_applies(request):
             return t, *self._any
         if self._exact is None:
-            sig = signature(self.state)
+            directing = self.directed and self.node_policy == NodePolicy.FRAGAWARE
+            sig = signature(self.state, published_order=directing)
             if sig is None:
                 self._templates = None
                 return None
@@ -945,9 +999,12 @@ class NodeScorer:
         if shared is None:
             return self.score(request)
         t, sid, keys = shared
+        alike = self._any is not None and sid == self._any[0] and self.node_policy == NodePolicy.FRAGAWARE
         # Kept: the best-tier filter asks every node for every request, and this scorer lives
         # until its node changes.
-        hit = self._verdicts[request.shape] = t.verdict(sid, keys, self.state, request, self.admitted(request))
+        hit = self._verdicts[request.shape] = t.verdict(
+            sid, keys, self.state, request, self.admitted(request), alike=alike
+        )
         return hit
 
     def __len__(self) -> int:
