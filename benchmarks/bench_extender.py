@@ -23,7 +23,9 @@ times each round trip. Reported:
            half, a few replicas) and 2 CPU levels: alike nodes share one simulation (`ScoreTemplates`);
 * warm   — node states unchanged between calls, one pod repeated (every score memoised);
 * churn  — one node's published state changes before every call (as after a bind), one pod
-           repeated;
+           repeated; `change` is what handling that change took (the watch path, untimed in
+           the call: the extender rebuilds the node's scorer and re-scores it for the shapes
+           it keeps answers for);
 * mix    — node states unchanged, each call a different pod of the trace's mix (shapes the
            caches keep, and shapes they had to drop);
 * echo   — the decode-and-echo baseline; `ratio` = warm prioritize p99 / echo p99;
@@ -255,15 +257,21 @@ async def bench(config: Config, n: int, calls: int) -> dict[str, float]:
             await timed_posts(http, base + "/echo", [body], 5)
             rv = [1]
 
+            changes: list[float] = []
+
             def change_one(i: int) -> None:
                 rv[0] += 1
-                view.upsert_state(node_state(config, names[i % n], rng, rv[0]))
+                obj = node_state(config, names[i % n], rng, rv[0])
+                t0 = time.perf_counter()
+                view.upsert_state(obj)
+                changes.append(time.perf_counter() - t0)
 
             for verb in VERBS:
                 url = f"{base}/{verb}"
                 await timed_posts(http, url, [body], 1)  # the shape seen once: its caches kept
                 samples[f"{verb}_warm"] = await timed_posts(http, url, [body], calls)
                 samples[f"{verb}_churn"] = await timed_posts(http, url, [body], calls, before=change_one)
+                samples[f"{verb}_change"], changes[:] = list(changes), []
                 samples[f"{verb}_mix"] = await timed_posts(http, url, mix, calls)
             samples["echo"] = await timed_posts(http, base + "/echo", [body], calls)
             metered: list[float] = []
@@ -294,13 +302,13 @@ def main() -> None:
     config = CONFIGS[a.config]
     print(f"configuration: {config.description}")
     print(f"{'nodes':>6} {'verb':>10} {'KiB':>6} {'cold':>7} {'alike':>6} | {'warm p50':>8} {'p99':>7} |"
-          f" {'churn p50':>9} {'p99':>7} | {'mix p50':>7} {'p99':>7}   (ms)")  # fmt: skip
+          f" {'churn p50':>9} {'p99':>7} {'change p99':>10} | {'mix p50':>7} {'p99':>7}   (ms)")  # fmt: skip
     for n in (int(x) for x in a.nodes.split(",")):
         r = asyncio.run(bench(config, n, a.calls))
         for verb in VERBS:
             print(f"{n:>6} {verb:>10} {r['body_kib']:>6.1f} {r[f'{verb}_cold_ms']:>7.2f} {r[f'{verb}_alike_ms']:>6.2f} |"
                   f" {r[f'{verb}_warm_p50_ms']:>8.3f} {r[f'{verb}_warm_p99_ms']:>7.3f} |"
-                  f" {r[f'{verb}_churn_p50_ms']:>9.3f} {r[f'{verb}_churn_p99_ms']:>7.3f} |"
+                  f" {r[f'{verb}_churn_p50_ms']:>9.3f} {r[f'{verb}_churn_p99_ms']:>7.3f} {r[f'{verb}_change_p99_ms']:>10.3f} |"
                   f" {r[f'{verb}_mix_p50_ms']:>7.3f} {r[f'{verb}_mix_p99_ms']:>7.3f}", flush=True)  # fmt: skip
         print(f"{'':>6} echo p50 {r['echo_p50_ms']:.3f} p99 {r['echo_p99_ms']:.3f} | warm prioritize / echo:"
               f" ratio p50 {r['ratio_p50']:.2f} p99 {r['ratio_p99']:.2f}", flush=True)  # fmt: skip

@@ -888,7 +888,7 @@ class NodeScorer:
 
     __slots__ = (
         "state", "version", "node_policy", "workload", "room", "model", "directed", "whole_of", "_memo", "_verdicts",
-        "_templates", "_exact", "_any", "_room_admits",
+        "_templates", "_exact", "_any", "_alike", "_room_admits",
     )  # fmt: skip
 
     def __init__(
@@ -923,6 +923,7 @@ class NodeScorer:
         # needed, and in any order (`signature`), computed here: most requests use it.
         self._exact: tuple[int, tuple[str, ...]] | None = None
         self._any: tuple[int, tuple[str, ...]] | None = None
+        self._alike = False  # `_any` shares `fragaware` verdicts only (`ScoreTemplates._entry`)
         # (measure, the shapes the GPU model admits, those its room admits too, before the
         # pod), computed when first needed: `admitted` runs per node for every new shape.
         self._room_admits: tuple[fragmentation.Fragmentation, int, int] | None = None
@@ -935,6 +936,7 @@ class NodeScorer:
                 sig = signature(state, any_order=True)
                 if sig is not None:
                     self._any = (templates.intern(sig[0]), sig[1])
+                    self._alike = node_policy == NodePolicy.FRAGAWARE
 
     def _template(self, request: PodRequest, *, renamed: bool) -> tuple[ScoreTemplates, int, tuple[str, ...]] | None:
         """The shared templates and this node's id and keys there for `request`; None when
@@ -999,7 +1001,7 @@ class NodeScorer:
         if shared is None:
             return self.score(request)
         t, sid, keys = shared
-        alike = self._any is not None and sid == self._any[0] and self.node_policy == NodePolicy.FRAGAWARE
+        alike = self._alike and sid == self._any[0]  # type: ignore[index]  # `_alike`: `_any` is set
         # Kept: the best-tier filter asks every node for every request, and this scorer lives
         # until its node changes.
         hit = self._verdicts[request.shape] = t.verdict(

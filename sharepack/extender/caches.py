@@ -112,7 +112,7 @@ class WireScorer(NodeScorer):
         """The node's encoded `HostPriority`; empty for a score of 0, which the reply leaves out."""
         hit = self._wire.get(request.shape)
         if hit is None:
-            score = self.filter_verdict(request).score
+            score = (self.verdicts.get(request.shape) or self.filter_verdict(request)).score
             hit = self._wire[request.shape] = protocol.host_priority(self._prefix, score) if score > 0 else b""
         return hit
 
