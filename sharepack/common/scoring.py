@@ -925,8 +925,13 @@ class NodeScorer:
         self._any: tuple[int, tuple[str, ...]] | None = None
         self._alike = False  # `_any` shares `fragaware` verdicts only (`ScoreTemplates._entry`)
         # (measure, the shapes the GPU model admits, those its room admits too, before the
-        # pod), computed when first needed: `admitted` runs per node for every new shape.
+        # pod): computed here, as the state arrives, since `admitted` runs per node for every
+        # new request shape.
         self._room_admits: tuple[fragmentation.Fragmentation, int, int] | None = None
+        if self.room is not None:
+            measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+            access = measure.access(model)
+            self._room_admits = (measure, access, access & measure.admitted(*self.room))
         if templates is not None and templates.node_policy == node_policy:
             self._templates = templates
             # `fragaware` (its directed share takes the first GPU in the published order among
@@ -961,18 +966,14 @@ class NodeScorer:
     def admitted(self, request: PodRequest) -> tuple[int, int] | None:
         """The typical shapes the node's GPU model, CPU and memory admit before and after
         `request`; None when the node's room is unknown (or the policy does not look at it)."""
-        room = self.room
-        if room is None:
-            return None
         known = self._room_admits
         if known is None:
-            measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-            access = measure.access(self.model)
-            known = self._room_admits = (measure, access, access & measure.admitted(*room))
+            return None
         measure, access, before = known
         if not request.cpu and not request.memory:
             return before, before
-        return before, access & measure.admitted(room[0] - request.cpu, room[1] - request.memory)
+        cpu, memory = self.room  # type: ignore[misc]  # known with the room
+        return before, access & measure.admitted(cpu - request.cpu, memory - request.memory)
 
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)

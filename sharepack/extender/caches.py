@@ -105,8 +105,9 @@ class WireScorer(NodeScorer):
         self._prefix = protocol.host_prefix(name)
         self._wire: dict[str, bytes] = {}
         # request shape -> verdict, filled by `prescore` and the filter's first look: the
-        # filter loop then reads it inline (one dict lookup per node, no method calls).
-        self.verdicts: dict[str, NodeScore] = {}
+        # filter loop then reads it inline (one dict lookup per node, no method calls). The
+        # dict `NodeScorer.verdict` keeps its shared verdicts in: one dict per node, not two.
+        self.verdicts: dict[str, NodeScore] = self._verdicts
 
     def host_priority(self, request: PodRequest) -> bytes:
         """The node's encoded `HostPriority`; empty for a score of 0, which the reply leaves out."""
