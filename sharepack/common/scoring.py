@@ -226,7 +226,7 @@ def score_node(
     admitted: tuple[int, int] | None = None,
     directed: bool = False,
     whole_of: WholeOf | None = None,
-    choices: ShareChoices | None = None,
+    choices: FragawareChoices | NodeScore | None = None,
 ) -> NodeScore:
     """Predict the pod's placement on this node and score the node under `node_policy`.
 
@@ -238,7 +238,8 @@ def score_node(
     one replicated GPU, the GPU with the best `placement_rank`), not the agent's own.
     `whole_of`: the node lists its GPUs whole and shared (the DRA mode): feasibility and
     placement come from both resources, the rank from the replicas (`whole_as_shares`).
-    `choices`: `share_choices(state, request)`, where the caller keeps it (`directed` only)."""
+    `choices`: `fragaware_choices(state, request, directed=directed)`, where the caller keeps
+    it (`fragaware` only)."""
     if whole_of is not None and all(state.resource(name) is not None for name in whole_of):
         merged, _ = whole_as_shares(state, _EMPTY, whole_of)
         if request.empty:
@@ -249,21 +250,29 @@ def score_node(
         merged, in_replicas = whole_as_shares(state, predicted.placement, whole_of)
         ranked = score_placement(merged, in_replicas, node_policy, workload=workload, admitted=admitted)
         return replace(ranked, placement=predicted.placement)  # the devices the pod gets, per resource
+    if node_policy == NodePolicy.FRAGAWARE and (admitted is not None or not request.empty):
+        # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
+        prepared = choices if choices is not None else fragaware_choices(state, request, directed=directed)
+        if isinstance(prepared, NodeScore):
+            return prepared
+        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        return _choose(prepared, measure, admitted or _ALL_ADMITTED)
     if request.empty:
-        if node_policy == NodePolicy.FRAGAWARE and admitted is not None:
-            # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
-            measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-            return _fragaware(state, _EMPTY, measure, admitted)
         if node_policy == Policy.PACKED and admitted is not None:
             return _packed_without_gpus(state, admitted, workload)
         return NO_REQUEST
-    if node_policy == NodePolicy.FRAGAWARE and directed:
-        # The extender directs a share's GPU itself: the agent's own choice (the loop below)
-        # would be replaced, so it is not simulated.
-        prepared = choices if choices is not None else share_choices(state, request)
-        if prepared is not None:
-            measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-            return _choose(prepared, measure, admitted or _ALL_ADMITTED)
+    agent = _agent_placement(state, request)
+    if isinstance(agent, NodeScore):
+        return agent
+    placement, landed = agent
+    return _packed(state, placement, landed, node_policy, admitted=admitted, workload=workload)
+
+
+def _agent_placement(
+    state: NodeState, request: PodRequest
+) -> tuple[dict[str, tuple[str, ...]], list[tuple[GpuState, int]]] | NodeScore:
+    """The placement the node's own loop gives the pod, and the devices it lands per GPU; the
+    infeasible verdict where the node cannot take it."""
     for name, total in request.totals:
         res = state.resource(name)
         if res is None:
@@ -283,12 +292,7 @@ def score_node(
         placement[name] = tuple(sorted(k for k, cnt in held.items() for _ in range(cnt)))
         by_key = {g.key: g for g in res.gpus}
         landed.extend((by_key[k], cnt) for k, cnt in held.items() if cnt)
-
-    if node_policy == NodePolicy.FRAGAWARE:
-        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        known = admitted or _ALL_ADMITTED
-        return _fragaware(state, placement, measure, known)  # directed: no GPU has room for the share
-    return _packed(state, placement, landed, node_policy, admitted=admitted, workload=workload)
+    return placement, landed
 
 
 def score_placement(
@@ -443,62 +447,81 @@ def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
     return out
 
 
+# A placement `fragaware` may rank, with the node's free shares after it (any order) and the
+# share it leaves on the GPUs it lands on.
+Candidate = tuple[Placement, tuple[int, ...], int]
+
+
+@dataclass(frozen=True, slots=True)
+class FragawareChoices:
+    """What `fragaware`'s verdict on one node state for one request needs, apart from the shapes
+    the node admits (its CPU and memory, `admitted`): the node's free shares, and the placements
+    to rank, the agent's own or, for a share the extender directs, one per candidate GPU. Nodes
+    alike in any order (`directed_ties_are_identical`) share it (`ScoreTemplates`): a new
+    request shape prepares it once per group of them and ranks it once per admitted pair."""
+
+    before: tuple[int, ...]  # `free_shares(state)`, any order
+    # In the published order of their GPUs, one per distinct (share before, share after) of
+    # the GPU: the others leave the same shares, so the same rank, and only the first of equal
+    # ranks is taken.
+    candidates: tuple[Candidate, ...]
+
+
+def fragaware_choices(state: NodeState, request: PodRequest, *, directed: bool = False) -> FragawareChoices | NodeScore:
+    """The node's `FragawareChoices` for `request`; the verdict itself where the node cannot
+    take the pod (that needs no ranking). `directed`: a share's GPU is the extender's choice."""
+    if request.empty:
+        before = tuple(free_shares(state).values())
+        return FragawareChoices(before, ((_EMPTY, before, 0),))
+    if directed:
+        shares = _share_choices(state, request)
+        if shares is not None:
+            return shares
+    agent = _agent_placement(state, request)
+    if isinstance(agent, NodeScore):
+        return agent
+    return _placed(state, agent[0])
+
+
+def _placed(state: NodeState, placement: Placement) -> FragawareChoices:
+    after = free_shares(state, placement)
+    landed = {k for keys in placement.values() for k in keys}
+    leftover = sum(after[k] for k in landed if k in after)
+    return FragawareChoices(tuple(free_shares(state).values()), ((placement, tuple(after.values()), leftover),))
+
+
 def _fragaware(
     state: NodeState, placement: Placement, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
 ) -> NodeScore:
     """`fragaware`: the node's fragmentation (FGD's measure) before minus after the placement,
     on the 0..10 scale (`fragmentation.extender_score`); its rank is `placement_rank`, with
     the share left on the GPUs the pod lands on as the leftover."""
-    after = free_shares(state, placement)
-    landed = {k for keys in placement.values() for k in keys}
-    leftover = sum(after[k] for k in landed if k in after)
-    before = tuple(free_shares(state).values())
-    return _fragaware_ranked(before, tuple(after.values()), leftover, placement, measure, admitted)
+    return _choose(_placed(state, placement), measure, admitted)
 
 
-def _fragaware_ranked(
-    before: tuple[int, ...], after: tuple[int, ...], leftover: int, placement: Placement,
-    measure: fragmentation.Fragmentation, admitted: tuple[int, int], ranked: tuple[float, float] | None = None,
-) -> NodeScore:  # fmt: skip
-    """`_fragaware` from the node's free shares before and after the placement (any order);
-    `ranked`: the gradient and rank, where the caller has them (`leftover` is then unused)."""
-    if ranked is None:
-        grad = measure.gradient(before, after, *admitted)
-        rank = fragmentation.placement_rank(grad, leftover)
-    else:
-        grad, rank = ranked
-    score = fragmentation.extender_score(grad)
+def _choose(choices: FragawareChoices, measure: fragmentation.Fragmentation, admitted: tuple[int, int]) -> NodeScore:
+    """`fragaware`'s verdict on the best of the candidate placements by `placement_rank` (the
+    first of equal ranks), as FGD chooses a share's GPU."""
+    weighted_before = measure.weighted(choices.before, admitted[0])
+    best: tuple[float, float, Placement, tuple[int, ...]] | None = None
+    for placement, after, left in choices.candidates:
+        grad = measure.gradient_from(weighted_before, after, admitted[1])
+        rank = fragmentation.placement_rank(grad, left)
+        if best is None or rank > best[0]:
+            best = (rank, grad, placement, after)
+    assert best is not None  # every `FragawareChoices` has a candidate
+    rank, grad, placement, after = best
     total = measure.total_weight
-    reason = (
-        f"frag {measure.weighted(before, admitted[0]) / total:.0f}"
-        f"->{measure.weighted(after, admitted[1]) / total:.0f} milli-GPU"
-    )
+    reason = f"frag {weighted_before / total:.0f}->{measure.weighted(after, admitted[1]) / total:.0f} milli-GPU"
+    score = fragmentation.extender_score(grad)
     return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
 
 
-@dataclass(frozen=True, slots=True)
-class ShareChoices:
-    """What `fragaware`'s directed choice of a share's GPU on one node state needs, apart from
-    the shapes the node admits (its CPU and memory): the candidates' free shares after. Nodes
-    alike in any order (`directed_ties_are_identical`) share it (`ScoreTemplates`), so a new
-    request shape prepares it once per such group and ranks it once per admitted pair.
-
-    Only for a request the general path would hand to the directed choice: one container, one
-    replicated resource the node publishes, enough free devices, not refused
-    (failRequestsGreaterThanOne), and some GPU with room for the whole share."""
-
-    name: str  # the resource
-    n: int  # devices the share takes
-    before: tuple[int, ...]  # `free_shares(state)`, any order
-    # (GPU key, `free_shares` after the share lands there, the share left on that GPU), in the
-    # published order, one per distinct (share before, share after) of the GPU: the others
-    # leave the same shares, so the same rank, and only the first of equal ranks is taken.
-    candidates: tuple[tuple[str, tuple[int, ...], int], ...]
-
-
-def share_choices(state: NodeState, request: PodRequest) -> ShareChoices | None:
-    """The node's `ShareChoices` for `request`; None where the directed choice does not apply
-    (the general path of `score_node` then judges the node)."""
+def _share_choices(state: NodeState, request: PodRequest) -> FragawareChoices | None:
+    """The candidates of a one-container share the extender directs to one GPU, as FGD chooses
+    a share's GPU; None where that does not apply (the agent's own placement stands): more
+    containers or resources, a resource not replicated or not published, too few free devices,
+    a request refused (failRequestsGreaterThanOne), or no GPU with room for the whole share."""
     if len(request.totals) != 1 or len(request.containers) != 1:
         return None
     name, n = request.totals[0]
@@ -541,7 +564,7 @@ def share_choices(state: NodeState, request: PodRequest) -> ShareChoices | None:
     free_before = tuple(before.values())
     position = {k: i for i, k in enumerate(before)}
     after = list(free_before)
-    chosen: list[tuple[str, tuple[int, ...], int]] = []
+    chosen: list[Candidate] = []
     tried: set[tuple[int, int]] = set()
     for key in candidates:
         listed = listings[key]
@@ -553,25 +576,9 @@ def share_choices(state: NodeState, request: PodRequest) -> ShareChoices | None:
         if (free_before[i], left) not in tried:
             tried.add((free_before[i], left))
             after[i] = left
-            chosen.append((key, tuple(after), left))
+            chosen.append((MappingProxyType({name: (key,) * n}), tuple(after), left))
             after[i] = free_before[i]
-    return ShareChoices(name, n, free_before, tuple(chosen))
-
-
-def _choose(choices: ShareChoices, measure: fragmentation.Fragmentation, admitted: tuple[int, int]) -> NodeScore:
-    """`fragaware`'s verdict on the share's best GPU by `placement_rank` (the first of equal
-    ranks), as FGD chooses a share's GPU."""
-    weighted_before = measure.weighted(choices.before, admitted[0])
-    best: tuple[float, float, str, tuple[int, ...]] | None = None
-    for key, after, left in choices.candidates:
-        grad = measure.gradient_from(weighted_before, after, admitted[1])
-        rank = fragmentation.placement_rank(grad, left)
-        if best is None or rank > best[0]:
-            best = (rank, grad, key, after)
-    assert best is not None  # `share_choices` keeps only requests with candidates
-    rank, grad, key, after = best
-    placement = {choices.name: (key,) * choices.n}
-    return _fragaware_ranked(choices.before, after, 0, placement, measure, admitted, (grad, rank))
+    return FragawareChoices(free_before, tuple(chosen))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -803,10 +810,10 @@ class ScoreTemplates:
         self._memo: dict[
             tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]
         ] = {}
-        # (id of a signature in any order, GPU shape) -> `share_choices` of its first node: the
-        # directed share's candidates depend on the counts alone, only their ranks on the
-        # shapes a node admits (`_entry`).
-        self._choices: dict[tuple[int, str], ShareChoices | None] = {}
+        # (id of a signature in any order, GPU shape) -> `fragaware_choices` of its first node:
+        # the placements to rank depend on the counts alone, only their ranks on the shapes a
+        # node admits (`_entry`).
+        self._choices: dict[tuple[int, str], FragawareChoices | NodeScore] = {}
         self._next = 0
         self.max_entries = max_entries
 
@@ -826,19 +833,19 @@ class ScoreTemplates:
         """The shared score and its placement as positions in `keys` (None: not renamable,
         the placement names another node's GPUs). `alike`: `sid` is a signature in any order
         under `fragaware`, whose verdicts only are shared (`directed_ties_are_identical`):
-        the directed share's candidates then come from the first node of that signature."""
+        the placements to rank then come from the first node of that signature."""
         memo_key = (sid, request.gpu_shape, admitted)  # CPU matters only through `admitted`
         hit = self._memo.get(memo_key)
         if hit is None:
             choices = None
-            if alike and self.directed and self.whole_of is None:
+            if alike and self.whole_of is None:
                 choices_key = (sid, request.gpu_shape)
-                if choices_key in self._choices:
-                    choices = self._choices[choices_key]
-                else:
+                choices = self._choices.get(choices_key)
+                if choices is None:
                     if len(self._choices) >= self.max_entries:
                         self._choices.clear()
-                    choices = self._choices[choices_key] = share_choices(state, request)
+                    choices = fragaware_choices(state, request, directed=self.directed)
+                    self._choices[choices_key] = choices
             s = score_node(
                 state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed,
                 whole_of=self.whole_of, choices=choices,
