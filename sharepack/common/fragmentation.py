@@ -279,14 +279,14 @@ class Fragmentation:
             # share and GPU count are counted once, with their weights summed (a new node state
             # misses this memo once per node on a cold request).
             rest, groups = self._grouped(admitted)
-            acc = rest * total
-            for milli, gpus, weight in groups:
-                below = bisect_left(ordered, milli)  # GPUs with less than the share free
-                acc += weight * (prefix[below] if n - below >= gpus else total)
+            acc += rest * total
+            for share, count, summed in groups:
+                below = bisect_left(ordered, share)  # GPUs with less than the share free
+                acc += summed * (prefix[below] if n - below >= count else total)
         else:
             for i, needs_gpu, gpus, milli, weight in self._shapes:
                 if needs_gpu and (admitted >> i) & 1:
-                    below = bisect_left(ordered, milli)
+                    below = bisect_left(ordered, milli)  # GPUs with less than the share free
                     acc += weight * (prefix[below] if n - below >= gpus else total)
                 else:
                     acc += weight * total

@@ -808,7 +808,7 @@ class ScoreTemplates:
         self.whole_of = whole_of  # `score_node(whole_of=)`: GPUs listed whole and shared (DRA)
         self._ids: dict[tuple[object, ...], int] = {}
         self._memo: dict[
-            tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]
+            tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...] | None]
         ] = {}
         # (id of a signature in any order, GPU shape) -> `fragaware_choices` of its first node:
         # the placements to rank depend on the counts alone, only their ranks on the shapes a
