@@ -98,8 +98,9 @@ class WireScorer(NodeScorer):
         templates: ScoreTemplates | None = None,
         room: tuple[int, int] | None = None,  # CPU and memory left (extender.noderesources)
         model: str | None = None,  # the node's GPU model (common.gpumodels)
+        workload: fragmentation.TypicalWorkload | None = None,  # `fragaware`'s; default: the templates'
     ) -> None:
-        super().__init__(state, node_policy, version, templates=templates, room=room, model=model)
+        super().__init__(state, node_policy, version, templates=templates, room=room, model=model, workload=workload)
         self.name = name
         self.fresh_until = NEVER_STALE
         self._prefix = protocol.host_prefix(name)
@@ -134,8 +135,7 @@ class FirstFitScorer(WireScorer):
     __slots__ = ("devices",)
 
     def __init__(self, base: WireScorer, devices: tuple[draslices.Device, ...], workload: fragmentation.TypicalWorkload | None) -> None:
-        super().__init__(base.name, base.state, base.node_policy, base.version, None, base.room, base.model)
-        self.workload = workload
+        super().__init__(base.name, base.state, base.node_policy, base.version, None, base.room, base.model, workload)
         self.devices = devices  # the node's pool in the allocator's order
 
     def score(self, request: PodRequest) -> NodeScore:
