@@ -466,9 +466,9 @@ class FragawareChoices:
     request shape prepares it once per group of them and ranks it once per admitted pair."""
 
     before: tuple[int, ...]  # `free_shares(state)`, any order
-    # In the published order of their GPUs, one per distinct (share before, share after) of
-    # the GPU: the others leave the same shares, so the same rank, and only the first of equal
-    # ranks is taken.
+    # The agent's placement alone, or a directed share's GPUs with room in the published order,
+    # one per distinct (share before, share after) of the GPU: the others leave the same
+    # shares, so the same rank, and only the first of equal ranks is taken.
     candidates: tuple[Candidate, ...]
 
 
