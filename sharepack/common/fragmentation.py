@@ -213,7 +213,9 @@ class Fragmentation:
     integer weights); the table is dropped when it grows past `max_entries`.
     """
 
-    __slots__ = ("workload", "total_weight", "_shapes", "_memo", "max_entries", "_needs", "_admitted", "_access")
+    __slots__ = (
+        "workload", "total_weight", "_shapes", "_memo", "max_entries", "_needs", "_admitted", "_access", "_groups",
+    )  # fmt: skip
 
     def __init__(self, workload: TypicalWorkload, *, max_entries: int = 1 << 18) -> None:
         self.workload = workload
@@ -224,6 +226,10 @@ class Fragmentation:
         self._needs = tuple((i, s.cpu, s.memory) for i, s in enumerate(workload.shapes) if s.cpu or s.memory)
         self._admitted: dict[tuple[int, int], int] = {}
         self._access: dict[str, int] = {}
+        # admitted mask -> `_grouped`; None where a weight is not an int (see `weighted`).
+        self._groups: dict[int, tuple[int, tuple[tuple[int, int, int], ...]]] | None = (
+            {} if all(isinstance(s.weight, int) for s in workload.shapes) else None
+        )
 
     def access(self, model: str | None) -> int:
         """The `admitted` mask of a node whose GPUs are of `model` (its `nvidia.com/gpu.product`):
@@ -268,16 +274,45 @@ class Fragmentation:
         prefix = (0, *accumulate(ordered))  # prefix[i]: free share on the i smallest GPUs
         n = len(ordered)
         acc: float = 0
-        for i, needs_gpu, gpus, milli, weight in self._shapes:
-            if needs_gpu and (admitted >> i) & 1:
-                below = bisect_left(ordered, milli)  # GPUs with less than the share free
-                acc += weight * (prefix[below] if n - below >= gpus else total)
-            else:
-                acc += weight * total
+        if self._groups is not None:
+            # Integer weights: the sum is exact in any order, so shapes that ask for the same
+            # share and GPU count are counted once, with their weights summed (a new node state
+            # misses this memo once per node on a cold request).
+            rest, groups = self._grouped(admitted)
+            acc += rest * total
+            for share, count, summed in groups:
+                below = bisect_left(ordered, share)  # GPUs with less than the share free
+                acc += summed * (prefix[below] if n - below >= count else total)
+        else:
+            for i, needs_gpu, gpus, milli, weight in self._shapes:
+                if needs_gpu and (admitted >> i) & 1:
+                    below = bisect_left(ordered, milli)  # GPUs with less than the share free
+                    acc += weight * (prefix[below] if n - below >= gpus else total)
+                else:
+                    acc += weight * total
         if len(self._memo) >= self.max_entries:
             self._memo.clear()
         self._memo[key] = acc
         return acc
+
+    def _grouped(self, admitted: int) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+        """For `weighted` with integer weights: the weight of the shapes for which the whole free
+        share is fragment (no GPU needed, or not admitted), and per (share, GPU count) of the
+        admitted shapes that need GPUs, their summed weight."""
+        assert self._groups is not None
+        hit = self._groups.get(admitted)
+        if hit is None:
+            rest = 0
+            summed: dict[tuple[int, int], int] = {}
+            for i, needs_gpu, gpus, milli, weight in self._shapes:
+                if needs_gpu and (admitted >> i) & 1:
+                    summed[milli, gpus] = summed.get((milli, gpus), 0) + int(weight)
+                else:
+                    rest += int(weight)
+            if len(self._groups) >= self.max_entries:
+                self._groups.clear()
+            hit = self._groups[admitted] = (rest, tuple((m, g, w) for (m, g), w in summed.items()))
+        return hit
 
     def amount(self, free: Sequence[int], admitted: int = ALL_ADMITTED) -> float:
         """The node's fragmentation, milli-GPU."""
@@ -291,8 +326,12 @@ class Fragmentation:
         admitted_after: int = ALL_ADMITTED,
     ) -> float:
         """Fragmentation before minus after a placement (milli-GPU; higher is better)."""
-        diff = self.weighted(before, admitted_before) - self.weighted(after, admitted_after)
-        return diff / self.total_weight
+        return self.gradient_from(self.weighted(before, admitted_before), after, admitted_after)
+
+    def gradient_from(self, weighted_before: float, after: Sequence[int], admitted_after: int = ALL_ADMITTED) -> float:
+        """`gradient` with the state before given by its `weighted` sum: the candidate placements
+        of one pod on one node share it."""
+        return (weighted_before - self.weighted(after, admitted_after)) / self.total_weight
 
     def best_share_gpu(
         self, free: Sequence[int], milli: int, admitted_before: int = ALL_ADMITTED, admitted_after: int = ALL_ADMITTED

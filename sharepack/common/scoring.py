@@ -64,7 +64,12 @@ Cost: one simulation is O(containers x n log m) (~20 us for one container on 8 G
 extender memoises per node state version and request shape (`NodeScorer`), so a prioritize
 over many nodes costs two dict lookups per node once warm, and shares results between nodes
 whose states differ only by GPU names (`ScoreTemplates`), so identical machines are simulated
-once per request shape.
+once per request shape. Under `fragaware`, nodes with the same counts in any order share their
+verdicts where its directed share cannot tell them apart (`directed_ties_are_identical`), and
+what a verdict needs apart from the node's CPU and memory (`FragawareChoices`: the placements
+to rank) is prepared once per such group and GPU shape; each node's CPU then costs one ranking
+of those placements. A new request shape on 5,000 nodes with random use and CPU thus prepares
+a few hundred groups and ranks about a thousand (`benchmarks/bench_extender.py`, cold).
 """
 
 from __future__ import annotations
@@ -147,6 +152,16 @@ def _free(g: GpuState) -> int:
     return min(g.free, max(g.total, 0))
 
 
+def _refused(res: ResourceState, container: str, n: int) -> NodeScore | None:
+    """The verdict on a node that refuses `n` devices of `res` to one container, else None."""
+    if res.fail_requests_greater_than_one and res.sharing is not Sharing.NONE and n > 1:
+        return _infeasible(
+            f"{res.name}: container {container!r} requests {n} replicas and the node sets failRequestsGreaterThanOne",
+            unresolvable=True,
+        )
+    return None
+
+
 def _simulate(
     res: ResourceState,
     request: PodRequest,
@@ -166,12 +181,9 @@ def _simulate(
         n = c.amount(name)
         if n == 0:
             continue
-        if res.fail_requests_greater_than_one and res.sharing is not Sharing.NONE and n > 1:
-            return _infeasible(
-                f"{name}: container {c.name!r} requests {n} replicas and the node sets "
-                f"failRequestsGreaterThanOne",
-                unresolvable=True,
-            )
+        refused = _refused(res, c.name, n)
+        if refused is not None:
+            return refused
         reused = _take(policy, reusable, n) if reusable else {}
         missing = n - sum(reused.values())
         extra: dict[str, int] = {}
@@ -219,6 +231,7 @@ def score_node(
     admitted: tuple[int, int] | None = None,
     directed: bool = False,
     whole_of: WholeOf | None = None,
+    choices: FragawareChoices | NodeScore | None = None,
 ) -> NodeScore:
     """Predict the pod's placement on this node and score the node under `node_policy`.
 
@@ -229,7 +242,9 @@ def score_node(
     scores the placement the extender would choose and direct the agent to (for a share on
     one replicated GPU, the GPU with the best `placement_rank`), not the agent's own.
     `whole_of`: the node lists its GPUs whole and shared (the DRA mode): feasibility and
-    placement come from both resources, the rank from the replicas (`whole_as_shares`)."""
+    placement come from both resources, the rank from the replicas (`whole_as_shares`).
+    `choices`: `fragaware_choices(state, request, directed=directed)`, where the caller keeps
+    it (`fragaware` only)."""
     if whole_of is not None and all(state.resource(name) is not None for name in whole_of):
         merged, _ = whole_as_shares(state, _EMPTY, whole_of)
         if request.empty:
@@ -240,14 +255,29 @@ def score_node(
         merged, in_replicas = whole_as_shares(state, predicted.placement, whole_of)
         ranked = score_placement(merged, in_replicas, node_policy, workload=workload, admitted=admitted)
         return replace(ranked, placement=predicted.placement)  # the devices the pod gets, per resource
+    if node_policy == NodePolicy.FRAGAWARE and (admitted is not None or not request.empty):
+        # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
+        prepared = choices if choices is not None else fragaware_choices(state, request, directed=directed)
+        if isinstance(prepared, NodeScore):
+            return prepared
+        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+        return _choose(prepared, measure, admitted or _ALL_ADMITTED)
     if request.empty:
-        if node_policy == NodePolicy.FRAGAWARE and admitted is not None:
-            # A pod without GPUs still strands GPUs when it takes the CPU a shape needs.
-            measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-            return _fragaware(state, _EMPTY, measure, admitted)
         if node_policy == Policy.PACKED and admitted is not None:
             return _packed_without_gpus(state, admitted, workload)
         return NO_REQUEST
+    agent = _agent_placement(state, request)
+    if isinstance(agent, NodeScore):
+        return agent
+    placement, landed = agent
+    return _packed(state, placement, landed, node_policy, admitted=admitted, workload=workload)
+
+
+def _agent_placement(
+    state: NodeState, request: PodRequest
+) -> tuple[dict[str, tuple[str, ...]], list[tuple[GpuState, int]]] | NodeScore:
+    """The placement the node's own loop gives the pod, and the devices it lands per GPU; the
+    infeasible verdict where the node cannot take it."""
     for name, total in request.totals:
         res = state.resource(name)
         if res is None:
@@ -267,13 +297,7 @@ def score_node(
         placement[name] = tuple(sorted(k for k, cnt in held.items() for _ in range(cnt)))
         by_key = {g.key: g for g in res.gpus}
         landed.extend((by_key[k], cnt) for k, cnt in held.items() if cnt)
-
-    if node_policy == NodePolicy.FRAGAWARE:
-        measure = fragmentation.measure_for(workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        known = admitted or _ALL_ADMITTED
-        chosen = _directed_share(state, request, measure, known) if directed else None
-        return _fragaware(state, chosen or placement, measure, known)
-    return _packed(state, placement, landed, node_policy, admitted=admitted, workload=workload)
+    return placement, landed
 
 
 def score_placement(
@@ -428,52 +452,138 @@ def free_shares(state: NodeState, taken: Placement = _EMPTY) -> dict[str, int]:
     return out
 
 
+# A placement `fragaware` may rank, with the node's free shares after it (any order) and the
+# share it leaves on the GPUs it lands on.
+Candidate = tuple[Placement, tuple[int, ...], int]
+
+
+@dataclass(frozen=True, slots=True)
+class FragawareChoices:
+    """What `fragaware`'s verdict on one node state for one request needs, apart from the shapes
+    the node admits (its CPU and memory, `admitted`): the node's free shares, and the placements
+    to rank, the agent's own or, for a share the extender directs, one per candidate GPU. Nodes
+    alike in any order (`directed_ties_are_identical`) share it (`ScoreTemplates`): a new
+    request shape prepares it once per group of them and ranks it once per admitted pair."""
+
+    before: tuple[int, ...]  # `free_shares(state)`, any order
+    # The agent's placement alone, or a directed share's GPUs with room in the published order,
+    # one per distinct (share before, share after) of the GPU: the others leave the same
+    # shares, so the same rank, and only the first of equal ranks is taken.
+    candidates: tuple[Candidate, ...]
+
+
+def fragaware_choices(state: NodeState, request: PodRequest, *, directed: bool = False) -> FragawareChoices | NodeScore:
+    """The node's `FragawareChoices` for `request`; the verdict itself where the node cannot
+    take the pod (that needs no ranking). `directed`: a share's GPU is the extender's choice."""
+    if request.empty:
+        before = tuple(free_shares(state).values())
+        return FragawareChoices(before, ((_EMPTY, before, 0),))
+    if directed:
+        shares = _share_choices(state, request)
+        if shares is not None:
+            return shares
+    agent = _agent_placement(state, request)
+    if isinstance(agent, NodeScore):
+        return agent
+    return _placed(state, agent[0])
+
+
+def _placed(state: NodeState, placement: Placement) -> FragawareChoices:
+    after = free_shares(state, placement)
+    landed = {k for keys in placement.values() for k in keys}
+    leftover = sum(after[k] for k in landed if k in after)
+    return FragawareChoices(tuple(free_shares(state).values()), ((placement, tuple(after.values()), leftover),))
+
+
 def _fragaware(
     state: NodeState, placement: Placement, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
 ) -> NodeScore:
     """`fragaware`: the node's fragmentation (FGD's measure) before minus after the placement,
     on the 0..10 scale (`fragmentation.extender_score`); its rank is `placement_rank`, with
     the share left on the GPUs the pod lands on as the leftover."""
-    before = free_shares(state)
-    after = free_shares(state, placement)
-    grad = measure.gradient(tuple(before.values()), tuple(after.values()), *admitted)
-    landed = {k for keys in placement.values() for k in keys}
-    leftover = sum(after[k] for k in landed if k in after)
-    score = fragmentation.extender_score(grad)
+    return _choose(_placed(state, placement), measure, admitted)
+
+
+def _choose(choices: FragawareChoices, measure: fragmentation.Fragmentation, admitted: tuple[int, int]) -> NodeScore:
+    """`fragaware`'s verdict on the best of the candidate placements by `placement_rank` (the
+    first of equal ranks), as FGD chooses a share's GPU."""
+    weighted_before = measure.weighted(choices.before, admitted[0])
+    best: tuple[float, float, Placement, tuple[int, ...]] | None = None
+    for placement, after, left in choices.candidates:
+        grad = measure.gradient_from(weighted_before, after, admitted[1])
+        rank = fragmentation.placement_rank(grad, left)
+        if best is None or rank > best[0]:
+            best = (rank, grad, placement, after)
+    assert best is not None  # every `FragawareChoices` has a candidate
+    rank, grad, placement, after = best
     total = measure.total_weight
-    reason = (
-        f"frag {measure.weighted(tuple(before.values()), admitted[0]) / total:.0f}"
-        f"->{measure.weighted(tuple(after.values()), admitted[1]) / total:.0f} milli-GPU"
-    )
-    rank = fragmentation.placement_rank(grad, leftover)
+    reason = f"frag {weighted_before / total:.0f}->{measure.weighted(after, admitted[1]) / total:.0f} milli-GPU"
+    score = fragmentation.extender_score(grad)
     return NodeScore(True, score, reason, MappingProxyType(dict(placement)), rank=rank)
 
 
-def _directed_share(
-    state: NodeState, request: PodRequest, measure: fragmentation.Fragmentation, admitted: tuple[int, int]
-) -> Placement | None:
-    """The single-GPU placement of a one-container share that `fragaware` ranks best (first
-    GPU in the published order on ties), as FGD chooses a share's GPU; None when the request
-    is not such a share or no single GPU has room (the agent's own placement stands)."""
+def _share_choices(state: NodeState, request: PodRequest) -> FragawareChoices | None:
+    """The candidates of a one-container share the extender directs to one GPU, as FGD chooses
+    a share's GPU; None where that does not apply (the agent's own placement stands): more
+    containers or resources, a resource not replicated or not published, too few free devices,
+    a request refused (failRequestsGreaterThanOne), or no GPU with room for the whole share."""
     if len(request.totals) != 1 or len(request.containers) != 1:
         return None
     name, n = request.totals[0]
     res = state.resource(name)
-    if res is None or res.sharing is Sharing.NONE:
+    if res is None or res.sharing is Sharing.NONE or _refused(res, request.containers[0].name, n) is not None:
         return None
-    before = free_shares(state)
+    # `free_shares(state)`, per GPU every listing of it with devices (devices the share takes
+    # from it, free, total), and the free devices of `res` as the feasibility check counts
+    # them (a key listed twice: its last listing), in one pass: this runs per node for every
+    # new request shape.
+    before: dict[str, int] = {}
+    listings: dict[str, list[tuple[int, int, int]]] = {}
+    counted: dict[str, int] = {}
+    candidates: list[str] = []  # GPUs of `res` with room for the share
+    milli = fragmentation.MILLI
+    for r in state.resources:
+        taken = n if r.name == name else 0
+        for g in r.gpus:
+            total = g.total
+            if total <= 0:
+                if r is res:
+                    counted[g.key] = 0  # `_free(g)`
+                continue
+            free = min(max(total - g.allocated - g.unhealthy, 0), total)  # `_free(g)`, inlined
+            share = free * milli // total
+            key = g.key
+            prev = before.get(key)
+            if prev is None:
+                before[key] = share
+                listings[key] = [(taken, free, total)]
+            else:
+                before[key] = min(prev, share)
+                listings[key].append((taken, free, total))
+            if r is res:
+                counted[key] = free
+                if free >= n:
+                    candidates.append(key)
+    if not candidates or sum(counted.values()) < n:
+        return None
     free_before = tuple(before.values())
-    best: tuple[float, str] | None = None
-    for g in res.gpus:
-        if _free(g) < n:
-            continue
-        candidate = {name: (g.key,) * n}
-        after = free_shares(state, candidate)
-        grad = measure.gradient(free_before, tuple(after.values()), *admitted)
-        rank = fragmentation.placement_rank(grad, after[g.key])
-        if best is None or rank > best[0]:
-            best = (rank, g.key)
-    return None if best is None else MappingProxyType({name: (best[1],) * n})
+    position = {k: i for i, k in enumerate(before)}
+    after = list(free_before)
+    chosen: list[Candidate] = []
+    tried: set[tuple[int, int]] = set()
+    for key in candidates:
+        listed = listings[key]
+        if len(listed) == 1:  # the usual GPU, listed by one resource
+            left = (listed[0][1] - n) * milli // listed[0][2]  # its free >= n
+        else:
+            left = min(max(free - taken, 0) * milli // total for taken, free, total in listed)
+        i = position[key]
+        if (free_before[i], left) not in tried:
+            tried.add((free_before[i], left))
+            after[i] = left
+            chosen.append((MappingProxyType({name: (key,) * n}), tuple(after), left))
+            after[i] = free_before[i]
+    return FragawareChoices(free_before, tuple(chosen))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -588,7 +698,9 @@ def placement_gpus(placement: Placement) -> dict[str, frozenset[str]]:
     return {name: frozenset(keys) for name, keys in placement.items() if keys}
 
 
-def signature(state: NodeState, *, any_order: bool = False) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
+def signature(
+    state: NodeState, *, any_order: bool = False, published_order: bool = False
+) -> tuple[tuple[object, ...], tuple[str, ...]] | None:
     """A key under which node states score alike, and the node's GPU keys in that key's order.
 
     `score_node` looks at GPU keys only to tell GPUs apart and to break ties by key order, so
@@ -600,18 +712,22 @@ def signature(state: NodeState, *, any_order: bool = False) -> tuple[tuple[objec
     order share a key (on a busy cluster most nodes differ only so); None where the order of
     GPUs could change the greedy loop's choice. Valid for requests whose every resource one
     container takes (`any_order_applies`) and not for `fragaware` (its directed share breaks
-    ties by published order). Within one call the loop ranks a GPU by its allocated count
-    (total - free) and what the pod took from it so far, ties by key: two GPUs tie only if
+    ties by published order: `directed_ties_are_identical` says where that does not matter).
+    Within one call the loop ranks a GPU by its allocated count (total - free) and what the
+    pod took from it so far, ties by key: two GPUs tie only if
     they started with the same allocated count. If, in every resource, GPUs with the same
     allocated count have the same counts everywhere, ties only fall between GPUs with
     identical counts, whose relative order the counts-first order keeps.
+
+    `published_order`: the key keeps the order in which the node lists its GPUs, for
+    `fragaware`'s directed share, which takes the first of equally ranked GPUs in that order.
     """
     all_keys = {g.key for r in state.resources for g in r.gpus}
     for r in state.resources:
         if len({g.key for g in r.gpus}) != len(r.gpus):
             return None
     keys: list[str] = sorted(all_keys)
-    ordered_by = "key"
+    ordered_by = "published" if published_order else "key"
     if any_order:
         counts: dict[str, list[object]] = {k: [] for k in keys}
         for i, r in enumerate(state.resources):
@@ -625,7 +741,8 @@ def signature(state: NodeState, *, any_order: bool = False) -> tuple[tuple[objec
     pos = {k: i for i, k in enumerate(keys)}
     parts: list[object] = [ordered_by, state.allocation_policy]
     for r in state.resources:
-        gpus = tuple(sorted((pos[g.key], g.total, g.allocated, g.unhealthy) for g in r.gpus))
+        listed = [(pos[g.key], g.total, g.allocated, g.unhealthy) for g in r.gpus]
+        gpus = tuple(listed if published_order else sorted(listed))
         parts.append((r.name, r.sharing, r.fail_requests_greater_than_one, gpus))
     return tuple(parts), tuple(keys)
 
@@ -635,6 +752,28 @@ def any_order_applies(request: PodRequest) -> bool:
     so one call of the greedy loop per resource (a second container would rank GPUs by what
     the first left, where GPUs that started apart can tie)."""
     return len(request.containers) == 1
+
+
+def directed_ties_are_identical(state: NodeState) -> bool:
+    """Whether `fragaware`'s directed share breaks its ties only between GPUs with the same free
+    count, so that its verdict (not its placement) is the same in any GPU order: every GPU is
+    listed by one resource, and the GPUs of a resource have one total, at most `MILLI` devices.
+
+    The directed share takes the first GPU in the published order among those of the best
+    `placement_rank`: FGD's truncated score, an integer, less half the share left on the GPU,
+    below one half. Two ranks tie only with the same share left, which with one total of at
+    most `MILLI` means the same free count before, so the same free shares after: the same
+    score, reason and rank whichever of them is taken."""
+    listed: set[str] = set()
+    for r in state.resources:
+        totals = {g.total for g in r.gpus}
+        if len(totals) > 1 or any(t > fragmentation.MILLI for t in totals):
+            return False
+        keys = {g.key for g in r.gpus}
+        if keys & listed:
+            return False
+        listed |= keys
+    return True
 
 
 def _ties_are_identical(res: ResourceState, full: Mapping[str, tuple[object, ...]]) -> bool:
@@ -657,7 +796,7 @@ class ScoreTemplates:
     ints when a scorer is built (on the watch path), so a lookup hashes an int and a string.
     """
 
-    __slots__ = ("node_policy", "workload", "directed", "whole_of", "_ids", "_memo", "_next", "max_entries")
+    __slots__ = ("node_policy", "workload", "directed", "whole_of", "_ids", "_memo", "_choices", "_next", "max_entries")
 
     def __init__(
         self,
@@ -674,8 +813,12 @@ class ScoreTemplates:
         self.whole_of = whole_of  # `score_node(whole_of=)`: GPUs listed whole and shared (DRA)
         self._ids: dict[tuple[object, ...], int] = {}
         self._memo: dict[
-            tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]
+            tuple[int, str, tuple[int, int] | None], tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...] | None]
         ] = {}
+        # (id of a signature in any order, GPU shape) -> `fragaware_choices` of its first node:
+        # the placements to rank depend on the counts alone, only their ranks on the shapes a
+        # node admits (`_entry`).
+        self._choices: dict[tuple[int, str], FragawareChoices | NodeScore] = {}
         self._next = 0
         self.max_entries = max_entries
 
@@ -690,17 +833,32 @@ class ScoreTemplates:
 
     def _entry(
         self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest,
-        admitted: tuple[int, int] | None,
-    ) -> tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...]]:
+        admitted: tuple[int, int] | None, *, alike: bool = False,
+    ) -> tuple[NodeScore, tuple[tuple[str, tuple[int, ...]], ...] | None]:
+        """The shared score and its placement as positions in `keys` (None: not renamable,
+        the placement names another node's GPUs). `alike`: `sid` is a signature in any order
+        under `fragaware`, whose verdicts only are shared (`directed_ties_are_identical`):
+        the placements to rank then come from the first node of that signature."""
         memo_key = (sid, request.gpu_shape, admitted)  # CPU matters only through `admitted`
         hit = self._memo.get(memo_key)
         if hit is None:
+            choices = None
+            if alike and self.whole_of is None:
+                choices_key = (sid, request.gpu_shape)
+                choices = self._choices.get(choices_key)
+                if choices is None:
+                    if len(self._choices) >= self.max_entries:
+                        self._choices.clear()
+                    choices = fragaware_choices(state, request, directed=self.directed)
+                    self._choices[choices_key] = choices
             s = score_node(
                 state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed,
-                whole_of=self.whole_of,
+                whole_of=self.whole_of, choices=choices,
             )  # fmt: skip
-            pos = {k: i for i, k in enumerate(keys)}
-            where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
+            where = None
+            if choices is None:
+                pos = {k: i for i, k in enumerate(keys)}
+                where = tuple((r, tuple(pos[k] for k in ks)) for r, ks in s.placement.items())
             if len(self._memo) >= self.max_entries:
                 self._memo.clear()
             hit = self._memo[memo_key] = (s, where)
@@ -712,6 +870,11 @@ class ScoreTemplates:
     ) -> NodeScore:
         """The node's own score: the shared one with the placement renamed to its GPUs."""
         s, where = self._entry(sid, keys, state, request, admitted)
+        if where is None:  # shared as a verdict only (`NodeScorer` never asks this): its own
+            return score_node(
+                state, request, self.node_policy, workload=self.workload, admitted=admitted, directed=self.directed,
+                whole_of=self.whole_of,
+            )  # fmt: skip
         if not where:
             return s
         placement = MappingProxyType({r: tuple(sorted(keys[i] for i in idx)) for r, idx in where})
@@ -721,10 +884,11 @@ class ScoreTemplates:
 
     def verdict(
         self, sid: int, keys: tuple[str, ...], state: NodeState, request: PodRequest,
-        admitted: tuple[int, int] | None = None,
+        admitted: tuple[int, int] | None = None, *, alike: bool = False,
     ) -> NodeScore:
-        """The shared score as is: its placement may name an alike node's GPUs."""
-        return self._entry(sid, keys, state, request, admitted)[0]
+        """The shared score as is: its placement may name an alike node's GPUs. `alike`: as
+        `_entry`."""
+        return self._entry(sid, keys, state, request, admitted, alike=alike)[0]
 
 
 class NodeScorer:
@@ -736,7 +900,7 @@ class NodeScorer:
 
     __slots__ = (
         "state", "version", "node_policy", "workload", "room", "model", "directed", "whole_of", "_memo", "_verdicts",
-        "_templates", "_exact", "_any",
+        "_templates", "_exact", "_any", "_alike", "_room_admits",
     )  # fmt: skip
 
     def __init__(
@@ -771,23 +935,40 @@ class NodeScorer:
         # needed, and in any order (`signature`), computed here: most requests use it.
         self._exact: tuple[int, tuple[str, ...]] | None = None
         self._any: tuple[int, tuple[str, ...]] | None = None
+        self._alike = False  # `_any` shares `fragaware` verdicts only (`ScoreTemplates._entry`)
+        # (measure, the shapes the GPU model admits, those its room admits too, before the
+        # pod): computed here, as the state arrives, since `admitted` runs per node for every
+        # new request shape.
+        self._room_admits: tuple[fragmentation.Fragmentation, int, int] | None = None
+        if self.room is not None:
+            measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
+            access = measure.access(model)
+            self._room_admits = (measure, access, access & measure.admitted(*self.room))
         if templates is not None and templates.node_policy == node_policy:
             self._templates = templates
-            if node_policy != NodePolicy.FRAGAWARE:
+            # `fragaware` (its directed share takes the first GPU in the published order among
+            # the best) shares verdicts in any order only where its ties are identical, and
+            # placements never (`_template`).
+            if node_policy != NodePolicy.FRAGAWARE or directed_ties_are_identical(state):
                 sig = signature(state, any_order=True)
                 if sig is not None:
                     self._any = (templates.intern(sig[0]), sig[1])
+                    self._alike = node_policy == NodePolicy.FRAGAWARE
 
-    def _template(self, request: PodRequest) -> tuple[ScoreTemplates, int, tuple[str, ...]] | None:
+    def _template(self, request: PodRequest, *, renamed: bool) -> tuple[ScoreTemplates, int, tuple[str, ...]] | None:
         """The shared templates and this node's id and keys there for `request`; None when
-        this node shares nothing (no templates, or a GPU key repeated)."""
+        this node shares nothing (no templates, or a GPU key repeated). `renamed`: the shared
+        placement is to be renamed to this node's GPUs (`score`), not only its verdict."""
         t = self._templates
         if t is None:
             return None
-        if self._any is not None and any_order_applies(request):
+        # `fragaware` shares only verdicts in any order (`directed_ties_are_identical`).
+        any_order = not (renamed and self.node_policy == NodePolicy.FRAGAWARE)
+        if self._any is not None and any_order and any_order_applies(request):
             return t, *self._any
         if self._exact is None:
-            sig = signature(self.state)
+            directing = self.directed and self.node_policy == NodePolicy.FRAGAWARE
+            sig = signature(self.state, published_order=directing)
             if sig is None:
                 self._templates = None
                 return None
@@ -797,20 +978,19 @@ class NodeScorer:
     def admitted(self, request: PodRequest) -> tuple[int, int] | None:
         """The typical shapes the node's GPU model, CPU and memory admit before and after
         `request`; None when the node's room is unknown (or the policy does not look at it)."""
-        if self.room is None:
+        known = self._room_admits
+        if known is None:
             return None
-        measure = fragmentation.measure_for(self.workload or fragmentation.DEFAULT_TYPICAL_WORKLOAD)
-        access = measure.access(self.model)
-        cpu, memory = self.room
-        before = access & measure.admitted(cpu, memory)
+        measure, access, before = known
         if not request.cpu and not request.memory:
             return before, before
+        cpu, memory = self.room  # type: ignore[misc]  # known with the room
         return before, access & measure.admitted(cpu - request.cpu, memory - request.memory)
 
     def score(self, request: PodRequest) -> NodeScore:
         hit = self._memo.get(request.shape)
         if hit is None:
-            shared = self._template(request)
+            shared = self._template(request, renamed=True)
             admitted = self.admitted(request)
             if shared is None:
                 hit = score_node(
@@ -830,13 +1010,16 @@ class NodeScorer:
         hit = self._memo.get(request.shape) or self._verdicts.get(request.shape)
         if hit is not None:
             return hit
-        shared = self._template(request)
+        shared = self._template(request, renamed=False)
         if shared is None:
             return self.score(request)
         t, sid, keys = shared
+        alike = self._alike and sid == self._any[0]  # type: ignore[index]  # `_alike`: `_any` is set
         # Kept: the best-tier filter asks every node for every request, and this scorer lives
         # until its node changes.
-        hit = self._verdicts[request.shape] = t.verdict(sid, keys, self.state, request, self.admitted(request))
+        hit = self._verdicts[request.shape] = t.verdict(
+            sid, keys, self.state, request, self.admitted(request), alike=alike
+        )
         return hit
 
     def __len__(self) -> int:

@@ -98,21 +98,23 @@ class WireScorer(NodeScorer):
         templates: ScoreTemplates | None = None,
         room: tuple[int, int] | None = None,  # CPU and memory left (extender.noderesources)
         model: str | None = None,  # the node's GPU model (common.gpumodels)
+        workload: fragmentation.TypicalWorkload | None = None,  # `fragaware`'s; default: the templates'
     ) -> None:
-        super().__init__(state, node_policy, version, templates=templates, room=room, model=model)
+        super().__init__(state, node_policy, version, templates=templates, room=room, model=model, workload=workload)
         self.name = name
         self.fresh_until = NEVER_STALE
         self._prefix = protocol.host_prefix(name)
         self._wire: dict[str, bytes] = {}
         # request shape -> verdict, filled by `prescore` and the filter's first look: the
-        # filter loop then reads it inline (one dict lookup per node, no method calls).
-        self.verdicts: dict[str, NodeScore] = {}
+        # filter loop then reads it inline (one dict lookup per node, no method calls). The
+        # dict `NodeScorer.verdict` keeps its shared verdicts in: one dict per node, not two.
+        self.verdicts: dict[str, NodeScore] = self._verdicts
 
     def host_priority(self, request: PodRequest) -> bytes:
         """The node's encoded `HostPriority`; empty for a score of 0, which the reply leaves out."""
         hit = self._wire.get(request.shape)
         if hit is None:
-            score = self.filter_verdict(request).score
+            score = (self.verdicts.get(request.shape) or self.filter_verdict(request)).score
             hit = self._wire[request.shape] = protocol.host_priority(self._prefix, score) if score > 0 else b""
         return hit
 
@@ -133,8 +135,7 @@ class FirstFitScorer(WireScorer):
     __slots__ = ("devices",)
 
     def __init__(self, base: WireScorer, devices: tuple[draslices.Device, ...], workload: fragmentation.TypicalWorkload | None) -> None:
-        super().__init__(base.name, base.state, base.node_policy, base.version, None, base.room, base.model)
-        self.workload = workload
+        super().__init__(base.name, base.state, base.node_policy, base.version, None, base.room, base.model, workload)
         self.devices = devices  # the node's pool in the allocator's order
 
     def score(self, request: PodRequest) -> NodeScore:

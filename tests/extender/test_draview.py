@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sharepack.common import draslices, drascoring, scoring
+from sharepack.common import draslices, drascoring, fragmentation, scoring
 from sharepack.common.policies import NodePolicy, Policy
 from sharepack.common.podrequests import ContainerKind, ContainerRequest, PodRequest
 from sharepack.extender import __main__ as extender_main
 from sharepack.extender.caches import ClusterView
 from sharepack.extender.draview import WHOLE_OF, DraStates, claim_handler, slice_handler
+from sharepack.extender.noderesources import NodeResources
 from tests.extender.test_caches import SHARED, Clock, pod_obj, predictions
 from tests.scoring.test_dra import WHOLE, claim, replica_devices, rslice, whole_devices
 
@@ -190,3 +191,18 @@ def test_fragaware_counts_a_gpu_with_replicas_taken_by_its_free_replicas_not_as_
     for n in (1, 3, 4):
         ours, simulated = scorer.score(one(n)), drascoring.score_node(node, one(n), NodePolicy.FRAGAWARE)
         assert (ours.score, ours.rank, dict(ours.placement)) == (simulated.score, simulated.rank, dict(simulated.placement)), n
+
+
+def test_the_first_fit_scorer_knows_the_shapes_of_the_typical_workload_the_extender_was_given() -> None:
+    # The node has 6 CPUs left: the one shape of this workload (8 CPUs) no longer fits there,
+    # which the built-in workload's shapes would say otherwise.
+    workload = fragmentation.TypicalWorkload((fragmentation.Shape(1, 500, 1, cpu=8000),))
+    resources = NodeResources()
+    view = ClusterView(NodePolicy.FRAGAWARE, workload=workload, resources=resources, tier_width=1, whole_of=WHOLE_OF)
+    states = DraStates(view, now=lambda: "2026-12-02T00:00:00Z")
+    resources.upsert_node({"metadata": {"name": "node-a"}, "status": {"allocatable": {"cpu": "6", "memory": "1Gi"}}})
+    states.replace_slices([rslice(replica_devices(2, 4), pool="node-a")])
+    request = PodRequest("new", "default", "new", one(1).containers, cpu=1000)
+    measure = fragmentation.measure_for(workload)
+    assert view.scorers["node-a"].admitted(request) == (measure.admitted(6000, 1024), measure.admitted(5000, 1024))
+    assert view.scorers["node-a"].admitted(request) == (~1, ~1)  # the one shape, not admitted

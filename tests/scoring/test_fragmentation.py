@@ -4,6 +4,8 @@ common.scoring's `fragaware` node policy over published node states."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharepack.common import fragmentation as fr
 from sharepack.common import podrequests as pr
@@ -32,6 +34,25 @@ HALF_AND_TWO = fr.TypicalWorkload((fr.Shape(1, 500, 1), fr.Shape(2, 1000, 1)))
 )
 def test_node_fragmentation(free: list[int], admitted: int, expected: float) -> None:
     assert fr.Fragmentation(HALF_AND_TWO).amount(free, admitted) == pytest.approx(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([0, 1, 1, 2]), st.sampled_from([160, 250, 500, 1000]), st.integers(1, 2000)),
+             min_size=1, max_size=12),
+    st.lists(st.lists(st.sampled_from([0, 100, 250, 333, 500, 999, 1000]), max_size=8), min_size=1, max_size=5),
+    st.integers(-1, (1 << 12) - 1),
+)  # fmt: skip
+def test_integer_weights_sum_shapes_of_one_share_once_and_exactly(
+    shapes: list[tuple[int, int, int]], nodes: list[list[int]], admitted: int
+) -> None:
+    # With integer weights `weighted` counts each (share, GPU count) once with the summed
+    # weight; the same workload in float weights takes the shape-by-shape sum: both exact.
+    ints = fr.Fragmentation(fr.TypicalWorkload(tuple(fr.Shape(g, m if g else 0, w) for g, m, w in shapes)))
+    floats = fr.Fragmentation(fr.TypicalWorkload(tuple(fr.Shape(g, m if g else 0, float(w)) for g, m, w in shapes)))
+    assert ints._groups is not None and floats._groups is None
+    for free in nodes:
+        assert ints.weighted(free, admitted) == floats.weighted(free, admitted)
 
 
 def test_the_measure_ignores_gpu_order_and_memoises() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sharepack.common import podrequests as pr
 from sharepack.common import scoring
-from sharepack.common.policies import MigStrategy, Policy, Sharing
+from sharepack.common.policies import MigStrategy, NodePolicy, Policy, Sharing
 from sharepack.common.state import GpuState, NodeState, ResourceState
 
 SHARED = "nvidia.com/gpu.shared"
@@ -331,6 +331,58 @@ def test_nodes_with_the_same_counts_in_another_order_share_scores_exactly(
         verdict = scorer.verdict(req)
         assert (verdict.feasible, verdict.score, verdict.reason, verdict.rank) == (own.feasible, own.score, own.reason, own.rank)
         assert scorer.score(req) == own
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 1)), min_size=1, max_size=6),
+    st.lists(st.tuples(st.sampled_from([1, 1, 2, 2, 3, 3, 4, 4, 0, 9, 12]), st.sampled_from([0, 3000, 12000, 40000])),
+             min_size=1, max_size=3),
+    st.lists(st.tuples(st.sampled_from([0, 2000, 8000, 16000, 30000, 64000]), st.booleans()), min_size=2, max_size=5),
+    st.sampled_from([10, 8, 1000, 1024]), st.booleans(), st.booleans(), st.randoms(use_true_random=False),
+)  # fmt: skip
+def test_fragaware_verdicts_shared_between_nodes_alike_in_any_order_are_each_nodes_own(
+    counts: list[tuple[int, int]], shapes: list[tuple[int, int]], nodes: list[tuple[int, bool]], replicas: int,
+    mixed_totals: bool, refuse_many: bool, rnd: Any,
+) -> None:  # fmt: skip
+    # `fragaware` with directed shares shares verdicts between nodes whose GPUs carry the same
+    # counts in any order, each under its own GPU names and published order and with its own
+    # CPU room, and the directed share's candidates per such group and GPU shape
+    # (`ScoreTemplates._choices`): every node must still get exactly its own verdict, request
+    # after request, and its own placement from `score`: shares on one GPU, shares no GPU has
+    # room for (the agent's own placement, over several GPUs) and pods without GPUs. Some
+    # nodes have one GPU freer than the others (another group). Mixed totals, or more devices
+    # than milli-GPUs, are where ties can fall between GPUs with different counts: there
+    # nothing may be shared in any order.
+    policy = NodePolicy.FRAGAWARE
+    templates = scoring.ScoreTemplates(policy, directed=True)
+    requests = [
+        pr.PodRequest(f"u{i}", "ns", "p", (pr.ContainerRequest("c", pr.ContainerKind.APP, ((SHARED, n),)),) if n else (),
+                      cpu=cpu)
+        for i, (n, cpu) in enumerate(shapes)
+    ]  # fmt: skip
+    for k, (room, freer) in enumerate(nodes):
+        order = list(range(len(counts)))
+        rnd.shuffle(order)
+        gpus = []
+        for pos, i in enumerate(order):
+            total = replicas + (i % 2 if mixed_totals else 0)
+            free, unhealthy = counts[i][0] + (freer and i == 0), counts[i][1]
+            gpus.append(GpuState(f"GPU-n{k}-{rnd.randrange(1000)}-{pos}", str(pos), "x", total,
+                                 total - free - unhealthy, unhealthy))  # fmt: skip
+        res = ResourceState(SHARED, Sharing.TIME_SLICING, refuse_many, tuple(gpus))
+        state = NodeState("2026-11-30T03:00:00Z", "0.1.0", PACKED, MigStrategy.NONE, (res,))
+        scorer = scoring.NodeScorer(state, policy, templates=templates, room=(room, 1 << 20))
+        for req in requests:
+            own = scoring.score_node(state, req, policy, admitted=scorer.admitted(req), directed=True)
+            verdict = scorer.verdict(req)
+            assert (verdict.feasible, verdict.score, verdict.reason, verdict.rank, verdict.unresolvable) == (
+                own.feasible, own.score, own.reason, own.rank, own.unresolvable,
+            )  # fmt: skip
+            assert scorer.score(req) == own
+    if not mixed_totals and replicas <= 1000:
+        # At most two groups of alike nodes: candidates kept once per group and GPU shape.
+        assert len(templates._choices) <= 2 * len({r.gpu_shape for r in requests})
 
 
 def test_nodes_with_the_same_counts_in_another_order_are_simulated_once() -> None:
