@@ -83,8 +83,13 @@ class ApiBinder:
             ) from e
 
     async def get_pod(self, namespace: str, name: str) -> Any:
+        """The pod from kube-apiserver's watch cache (`resourceVersion=0`: no etcd read on the
+        bind's path). It may trail etcd by milliseconds, which the Binding itself covers: its
+        UID precondition fails for a pod deleted and created again, and kube-apiserver refuses
+        to bind a pod already bound or being deleted; what else the guard reads of a pending
+        pod (its scheduler, its requests) does not change before it is bound."""
         try:
-            raw = await self._send("GET", rawapi.pod_path(namespace, name))
+            raw = await self._send("GET", rawapi.pod_path(namespace, name), query={"resourceVersion": "0"})
         except Exception as e:
             raise BindError(f"reading pod {namespace}/{name} failed: {_api_message(e)}") from e
         return orjson.loads(raw)
