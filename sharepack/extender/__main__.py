@@ -44,6 +44,7 @@ from sharepack.kube import clients
 from sharepack.kube.reflecting import Reflector
 from sharepack.extender.metrics import Metrics
 from sharepack.extender.noderesources import NodeResources
+from sharepack.extender.pendingpods import PendingPods
 from sharepack.extender.server import DEFAULT_MAX_BODY_BYTES, Extender
 
 log = logging.getLogger("extender")
@@ -326,6 +327,7 @@ class Service:
             directed=opts.directed_gpus and opts.node_policy == NodePolicy.FRAGAWARE,
             whole_of=draview.WHOLE_OF if opts.mode == MODE_DRA else None,
         )  # fmt: skip
+        self.pending = PendingPods(opts.scheduler_names)  # fed by the pod watch, read at bind
         self.informers: list[Reflector] = []
         self._watch_api: Any | None = None  # kubernetes.aio client of the reflectors
         self._api_binder: ApiBinder | None = None
@@ -347,8 +349,10 @@ class Service:
                     keep_cache=False,  # ClusterView keeps what it needs, decoded
                 )]),  # fmt: skip
                 Reflector(
-                    partial(core.list_pod_for_all_namespaces_without_preload_content, field_selector="spec.nodeName!="),
-                    what="pods bound to nodes",
+                    # Every pod, pending ones too: the bind guard reads the pod it binds from
+                    # here (`extender.pendingpods`), not from the API once per bind.
+                    core.list_pod_for_all_namespaces_without_preload_content,
+                    what="pods",
                     on_list=self._on_pod_list,
                     on_event=self._pod_handler(),
                     watch_timeout_s=60, resync_s=opts.resync_s, backoff_initial_s=0.2, backoff_max_s=10.0,
@@ -368,7 +372,8 @@ class Service:
                 ))  # fmt: skip
             api_binder = self._api_binder = ApiBinder(self._watch_api)
             binder = directing.DirectingBinder(api_binder, self.view) if opts.directed_gpus else api_binder
-        guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds)
+        guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds,
+                          pending=self.pending)  # fmt: skip
         self.extender = Extender(
             self.view, binder=binder, metrics=self.metrics, ready=self.synced,
             url_prefix=opts.url_prefix, guard=guard,
@@ -380,12 +385,13 @@ class Service:
 
     def _on_pod_list(self, cache: Mapping[tuple[str, str], dict[str, Any]]) -> None:
         pods = list(cache.values())
+        self.pending.replace(pods)
         if self.resources is not None:
             self.resources.replace_pods(pods)
         self.view.replace_pods(pods)
 
     def _pod_handler(self) -> Callable[[str, Any], None]:
-        handler = pod_handler(self.view)
+        handler = pod_handler(self.view, self.pending)
         return handler if self.resources is None else noderesources.pod_handler(self.resources, handler)
 
     def _dra_informers(self, custom: Any) -> list[Reflector]:

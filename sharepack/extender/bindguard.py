@@ -11,7 +11,8 @@ runs again at bind, for the chosen node, on the pod the API returned. Rules, in 
 checked; the first that fails names the refusal:
 
 1. `incomplete-request`: PodName, PodNamespace, PodUID and Node are all given.
-2. `pod-unreadable`: the pod can be read from the API.
+2. `pod-unreadable`: the pod can be read from the API (from the extender's pod watch where it
+   holds the pod with that UID, `extender.pendingpods`, which says why that is the API's word).
 3. `pod-gone`: the pod read has the UID asked for and is not being deleted.
 4. `scheduler-not-served`: its `spec.schedulerName` is one this extender serves.
 5. `already-bound`: it has no `spec.nodeName` yet.
@@ -49,6 +50,7 @@ from sharepack.common.errors import RequestError
 from sharepack.common.podrequests import PodRequest
 from sharepack.extender.binding import BindError
 from sharepack.extender.caches import ClusterView
+from sharepack.extender.pendingpods import PendingPods
 from sharepack.extender.protocol import BindingArgs
 from sharepack.extender.roomwait import wait_for_room
 
@@ -119,8 +121,10 @@ class BindGuard:
         capacity: int = SCORED_CAPACITY,
         clock: Callable[[], float] = time.monotonic,
         managed: podrequests.Managed | None = None,
+        pending: PendingPods | None = None,
     ) -> None:
         self.view = view
+        self.pending = pending
         self.scheduler_names = frozenset(scheduler_names)
         self.unscored = unscored
         self.ttl_s = ttl_s
@@ -182,7 +186,9 @@ class BindGuard:
             record = None
         where = f"pod {args.pod_namespace}/{args.pod_name}"
         try:
-            doc = await read_pod(args.pod_namespace, args.pod_name)
+            doc = self.pending.get(args.pod_namespace, args.pod_name, args.pod_uid) if self.pending is not None else None
+            if doc is None:
+                doc = await read_pod(args.pod_namespace, args.pod_name)
             pod = podrequests.decode_pod(doc, self.managed)
         except BindError as e:  # the reader's message names the pod and the API's answer
             return Refusal(Rule.POD_UNREADABLE, str(e))

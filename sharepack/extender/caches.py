@@ -61,6 +61,7 @@ from sharepack.common.state import NodeState, from_status, observed_epoch
 from sharepack.extender import ledgers, predictionlog, protocol
 from sharepack.extender.metrics import Metrics, node_gauges, NodeGauges
 from sharepack.extender.noderesources import NodeResources
+from sharepack.extender.pendingpods import PendingPods
 from sharepack.extender.ledgers import Assumed, Ledger
 from sharepack.extender.replies import ShapeReplies, filter_failing
 from sharepack.extender.tierranks import BoundRanks
@@ -221,6 +222,7 @@ class ClusterView:
         # No node in `_replies` is stale before this (wall clock); past it, `_drop_stale`.
         self.soonest_stale = NEVER_STALE
         self._generation = 0
+        self.last_foreign_bind = -math.inf  # `clock` when a GPU pod this view did not count was bound
         self.on_change: Callable[[], None] | None = None  # called after every cache change
         self.templates = ScoreTemplates(node_policy, workload=workload, directed=directed, whole_of=whole_of)
         # The DRA mode (`extender.draview`): a node's devices in the allocator's order, so its
@@ -725,6 +727,9 @@ class ClusterView:
             self.upsert_pod(obj)
 
     def upsert_pod(self, obj: Any) -> None:
+        spec = obj.get("spec") if isinstance(obj, Mapping) else None
+        if not isinstance(spec, Mapping) or not spec.get("nodeName"):
+            return  # not bound: nothing to count (the watch delivers pending pods too)
         try:
             pod = podrequests.decode_pod(obj, self.managed)
         except RequestError as e:
@@ -743,6 +748,10 @@ class ClusterView:
         if self.ledger.counted(pod.uid, pod.node_name):
             self._changed()
             return
+        # A GPU pod bound that this view did not count: another replica's bind (or one from
+        # before this replica listed), which `extender.directing` takes as a sign that binds
+        # here may race others'.
+        self.last_foreign_bind = self.clock()
         self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name, whole))
 
     def delete_pod(self, obj: Any) -> None:
@@ -895,11 +904,18 @@ def state_handler(view: ClusterView) -> Callable[[str, Any], None]:
     return on_event
 
 
-def pod_handler(view: ClusterView) -> Callable[[str, Any], None]:
+def pod_handler(view: ClusterView, pending: PendingPods | None = None) -> Callable[[str, Any], None]:
+    """The pod watch's handler: the view counts bound pods; `pending` keeps the pods not bound
+    yet, for the bind guard (`extender.pendingpods`)."""
+
     def on_event(kind: str, obj: Any) -> None:
         if kind == "DELETED":
+            if pending is not None:
+                pending.delete(obj)
             view.delete_pod(obj)
         else:
+            if pending is not None:
+                pending.upsert(obj)
             view.upsert_pod(obj)
 
     return on_event

@@ -19,6 +19,7 @@ from sharepack.extender.binding import BindError
 from sharepack.extender.bindguard import Admitted, BindGuard, PodReader, Refusal, Rule, UnscoredBinds
 from sharepack.extender.caches import ClusterView
 from sharepack.extender.metrics import parse_text
+from sharepack.extender.pendingpods import PendingPods
 from sharepack.extender.protocol import BindingArgs
 from sharepack.extender.server import Extender
 
@@ -387,3 +388,67 @@ async def test_a_refused_bind_creates_no_binding_and_is_counted_by_rule(served: 
     assert samples['sharepack_extender_bind_refusals_total{rule="not-scored"}'] == 1
     assert samples['sharepack_extender_bind_refusals_total{rule="node-not-feasible"}'] == 1
     assert samples['sharepack_extender_binds_total{result="success"}'] == 0
+
+
+# --- the pod from the pod watch (extender.pendingpods) ----------------------------------------
+
+
+def unreadable() -> PodReader:
+    return reader(AssertionError("the guard asked the API for a pod the pod watch holds"))
+
+
+async def test_a_pod_the_watch_holds_pending_is_judged_without_asking_the_api() -> None:
+    pending = PendingPods()
+    guard = BindGuard(make_view(), pending=pending)
+    pending.upsert(pod_doc())
+    filtered(guard, pod_doc())
+    verdict = await guard.admit(binding("node-used"), unreadable())
+    assert isinstance(verdict, Admitted) and verdict.request.totals == ((SHARED, 2),)
+    assert (pending.hits, pending.misses) == (1, 0)
+
+
+async def test_the_watch_is_the_apis_word_not_the_requests() -> None:
+    """A forged /filter claiming one replica does not shrink the request the watch holds."""
+    pending = PendingPods()
+    guard = BindGuard(make_view(), pending=pending)
+    pending.upsert(pod_doc(replicas=8))
+    filtered(guard, pod_doc(replicas=1))  # the forged body: fits node-used
+    verdict = await guard.admit(binding("node-used"), unreadable())
+    assert isinstance(verdict, Refusal) and verdict.rule is Rule.NODE
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        pytest.param(pod_doc(uid="an-older-pod-of-that-name"), id="another UID"),
+        pytest.param(pod_doc(node="node-used"), id="bound since"),
+        pytest.param(pod_doc(deleting=True), id="being deleted"),
+        pytest.param(pod_doc(scheduler="another-scheduler"), id="another scheduler's"),
+    ],
+)
+async def test_a_pod_the_watch_does_not_hold_pending_with_that_uid_is_read_from_the_api(held: dict[str, Any]) -> None:
+    pending = PendingPods()
+    guard = BindGuard(make_view(), pending=pending)
+    pending.upsert(held)
+    assert pending.count == (1 if held["metadata"]["uid"] != UID else 0)
+    filtered(guard, pod_doc())
+    asked: list[str] = []
+
+    async def read(namespace: str, name: str) -> Any:
+        asked.append(name)
+        return pod_doc()
+
+    assert isinstance(await guard.admit(binding("node-used"), read), Admitted)
+    assert asked == ["trainer"] and pending.misses == 1
+
+
+async def test_a_deleted_or_bound_pod_leaves_the_watchs_pending_pods() -> None:
+    pending = PendingPods()
+    pending.upsert(pod_doc())
+    pending.upsert(pod_doc(node="node-used"))  # the binding's event
+    assert pending.get("default", "trainer", UID) is None
+    pending.upsert(pod_doc())
+    pending.delete(pod_doc())
+    assert pending.count == 0
+    pending.replace([pod_doc(), pod_doc(node="node-used") | {"metadata": {"name": "other", "namespace": "default"}}])
+    assert pending.count == 1 and pending.get("default", "trainer", UID) is not None
