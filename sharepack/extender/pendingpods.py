@@ -44,7 +44,7 @@ class PendingPods:
     def __init__(self, scheduler_names: Collection[str] = (podrequests.DEFAULT_SCHEDULER_NAME,)) -> None:
         self.scheduler_names = frozenset(scheduler_names)
         self._pods: dict[Key, Any] = {}
-        self.hits = 0  # binds whose pod came from here (for tests and the metrics)
+        self.hits = 0  # binds whose pod came from here (for tests)
         self.misses = 0  # binds that had to read the pod from the API
 
     @property

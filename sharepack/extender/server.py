@@ -159,7 +159,7 @@ class Extender:
             # kube-scheduler reads the failed nodes' reasons only when no node passes (its "0/N
             # nodes are available" event, preemption); with a survivor it schedules and drops
             # them. The tier filter fails every node but the best, so they were most of the
-            # reply (about 110 KB at 1,000 nodes) for kube-scheduler to decode on its serial
+            # reply (92 KB at 1,000 nodes) for kube-scheduler to decode on its serial
             # path; /explain gives every node's verdict.
             return self._json(protocol.encode_filter(args, survivors, {}, {}))
         return self._json(protocol.encode_filter(args, survivors, _prefixed(failed), _prefixed(unresolvable)))

@@ -1,7 +1,8 @@
 """Kubernetes API calls as raw JSON bytes over one aiohttp session, with the server, TLS context
 and credentials of a `kubernetes.aio` ApiClient.
 
-For calls on a hot path (the extender makes three per bind). `benchmarks/bench_apicalls.py`
+For calls on a hot path (the extender's binds: the Binding, and where needed the pod and its
+node's pods). `benchmarks/bench_apicalls.py`
 measures both against a local server: 0.65 against 0.19 CPU-ms per call (client and server) on
 the development machine. The generated methods validate their arguments with pydantic,
 and the client's session is made with `trust_env=True` (proxy and netrc lookups per request);
