@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -113,10 +114,22 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
+def _created(obj: Mapping[str, Any]) -> str:
+    """The object's `creationTimestamp` (RFC 3339 in UTC: sorts as text)."""
+    return str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+
+
 async def reflect(api: ApiSession, path: str, params: Mapping[str, str], handler: Handler) -> None:
     """Forever: every object of the list as ADDED (or MODIFIED when seen before), then the
     watch's events; objects gone across a relist as DELETED. Handler errors are logged and the
-    loop goes on, as a controller's work queue would retry them."""
+    loop goes on, as a controller's work queue would retry them.
+
+    As the kubelet's own reflector (client-go's) does: a watch the server ends (its timeout)
+    resumes from the last resourceVersion, without a list; only an error lists again. A list
+    hands the objects over oldest first (`creationTimestamp`), as the kubelet's pod config hands
+    a batch of additions to its admission. Relisting at every watch timeout delivered pods bound
+    in that gap in name order, not in the order they were bound, which no kubelet does (and the
+    agent's Director, which follows the kubelet's order, then answered for the wrong pods)."""
     known: dict[str, dict[str, Any]] = {}
 
     async def deliver(kind: str, obj: dict[str, Any]) -> None:
@@ -131,7 +144,7 @@ async def reflect(api: ApiSession, path: str, params: Mapping[str, str], handler
         try:
             listed = await api.get(path, params)
             rv = str(listed["metadata"]["resourceVersion"])
-            items = listed.get("items") or []
+            items = sorted(listed.get("items") or [], key=_created)
             seen = {_uid(o): o for o in items}
             for uid, obj in list(known.items()):
                 if uid not in seen:
@@ -141,17 +154,26 @@ async def reflect(api: ApiSession, path: str, params: Mapping[str, str], handler
                 kind = "MODIFIED" if uid in known else "ADDED"
                 known[uid] = obj
                 await deliver(kind, obj)
-            async for event in api.watch(path, params, rv):
-                kind, obj = str(event.get("type")), event.get("object") or {}
-                if kind == "ERROR":
-                    break  # 410 Gone and the like: relist
-                if kind == "BOOKMARK":
-                    continue
-                if kind == "DELETED":
-                    known.pop(_uid(obj), None)
+            relist = False
+            while not relist:
+                relist = True  # unless the server ends this watch itself
+                began = time.monotonic()
+                async for event in api.watch(path, params, rv):
+                    kind, obj = str(event.get("type")), event.get("object") or {}
+                    if kind == "ERROR":
+                        break  # 410 Gone and the like: relist
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        known.pop(_uid(obj), None)
+                    else:
+                        known[_uid(obj)] = obj
+                    await deliver(kind, obj)
                 else:
-                    known[_uid(obj)] = obj
-                await deliver(kind, obj)
+                    relist = False  # the watch's timeout: watch again from `rv`
+                    if time.monotonic() - began < RETRY_S:
+                        await asyncio.sleep(RETRY_S)  # a server ending watches at once is no timeout
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, OSError, WatchError, asyncio.TimeoutError, KeyError, ValueError) as e:
