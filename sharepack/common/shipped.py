@@ -31,6 +31,11 @@ FILTER_TIER_WIDTH = 1  # the extender's --filter-tier-width
 EXTENDER_WEIGHT = 5  # deploy/scheduler's extender weight
 DIRECTED_GPUS = True  # the extender's --directed-gpus
 EVERY_POD = True  # no managedResources: CPU-only pods reach the extender too
+# deploy/ runs two extender replicas behind one Service; a bind reaching the replica that did not
+# score the pod is re-checked there (the extender's --unscored-binds), not refused: refused,
+# kube-scheduler (the entry is ignorable) binds the pod itself, without directed GPUs.
+EXTENDER_REPLICAS = 2
+REPLICATED_UNSCORED_BINDS = "recheck"
 # The DRA mode (deploy/dra, docs/dra.md): the same scheduler configuration and tier; the
 # extender's --node-policy there (`sharepack-simulate --policy dra-shipped` measures it).
 DRA_NODE_POLICY = NodePolicy.FRAGAWARE

@@ -37,6 +37,25 @@ def test_the_extender_deployment_runs_the_shipped_node_policy_and_tier() -> None
     assert "--no-directed-gpus" not in args and shipped.DIRECTED_GPUS
 
 
+def test_replicated_extenders_recheck_unscored_binds_in_deploy_the_chart_and_the_sandbox(tmp_path: Path) -> None:
+    from sharepack.sandbox.drivers import demo
+
+    (deployment,) = [d for d in _docs(DEPLOY / "base" / "extender" / "deployment.yaml") if d["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == shipped.EXTENDER_REPLICAS > 1
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert _flag(args, "unscored-binds") == shipped.REPLICATED_UNSCORED_BINDS
+    values = yaml.safe_load((DEPLOY / "helm" / "sharepack" / "values.yaml").read_text())
+    assert values["extender"]["replicas"] == shipped.EXTENDER_REPLICAS
+    assert values["extender"]["unscoredBinds"] == shipped.REPLICATED_UNSCORED_BINDS
+    # The sandbox's replicas (the chaos soak's two) run with the same flag; one replica keeps
+    # the extender's own default.
+    workload = demo.default_workload(1, 8, 4)
+    two = demo.Sandbox(shipped.AGENT_POLICY, 1, "dgx-a100", workload, tmp_path, extender_replicas=2)
+    one = demo.Sandbox(shipped.AGENT_POLICY, 1, "dgx-a100", workload, tmp_path)
+    assert _flag(list(two.extender_args), "unscored-binds") == shipped.REPLICATED_UNSCORED_BINDS
+    assert _flag(list(one.extender_args), "unscored-binds") is None
+
+
 def test_the_extenders_own_defaults_are_the_shipped_ones() -> None:
     opts = extender_main.parse_args(["--insecure-http"])
     assert opts.node_policy == shipped.NODE_POLICY

@@ -37,7 +37,7 @@ import aiohttp
 import kubernetes
 import yaml
 
-from sharepack.common import bars
+from sharepack.common import bars, shipped
 from sharepack.common import state as gpustate
 from sharepack.common.errors import DraSchemaError, StateSchemaError
 from sharepack.common.policies import Policy
@@ -180,7 +180,11 @@ class Sandbox(Stack):
         self.root = root
         self.control_plane = control_plane
         self.agent_args = tuple(agent_args)
-        self.extender_args = tuple(extender_args)
+        # Several replicas run as deploy/ runs its two (`common.shipped`): a bind that reaches
+        # the replica which did not score the pod is re-checked there. The flag's default,
+        # refuse, made kube-scheduler bind such pods itself, undirected (chaos soak misses).
+        replicated = (f"--unscored-binds={shipped.REPLICATED_UNSCORED_BINDS}",) if extender_replicas > 1 else ()
+        self.extender_args = (*replicated, *extender_args)
         self.node_labels = dict(node_labels or {})
         self.session_affinity = session_affinity  # the extender Service's sessionAffinity: ClientIP
         self._before_nodes = before_nodes
