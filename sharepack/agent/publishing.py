@@ -54,6 +54,7 @@ from kubernetes.aio import client as kclient
 from sharepack.agent import configwatching
 from sharepack.kube.reflecting import Key, Obj, Reflector
 from sharepack.agent.metrics import AgentMetrics
+from sharepack.agent import directing
 from sharepack.agent.directing import Director
 from sharepack.agent.podresources import PodResourcesClient, PodResourcesError
 from sharepack.agent.reloading import ConfigReloader
@@ -121,8 +122,18 @@ def is_api_outage(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientError | OSError | TimeoutError)
 
 
+# The pod watch retries at least this often while the API is away. The kubelet admits the pods
+# bound once it is back as soon as its own watch is, and the Director waits only
+# `directing.DEFAULT_WAIT_S` for this watch to show each one (then the node's policy answers and
+# the extender's directions are lost). The reflector's usual back-off grows to 5 s through an
+# outage (and kube-apiserver answers 429 for a while after it restarts), which could leave the
+# pods bound in the first seconds after it undirected.
+POD_WATCH_BACKOFF_MAX_S = directing.DEFAULT_WAIT_S / 2
+
+
 class PodIndex:
-    """namespace/name -> UID of the pods bound to this node, from a watch."""
+    """namespace/name -> UID of the pods bound to this node, from a watch (which the Director
+    also reads: `Director.feed`)."""
 
     def __init__(self, api: kclient.ApiClient, node_name: str, on_change: Callable[[], None]) -> None:
         core = kclient.CoreV1Api(api)
@@ -135,6 +146,7 @@ class PodIndex:
             ),
             what=f"pods on node {node_name}",
             on_change=self._changed,
+            backoff_max_s=POD_WATCH_BACKOFF_MAX_S,
         )
 
     def _changed(self, cache: Mapping[Key, Obj]) -> None:
