@@ -719,6 +719,7 @@ class Soak:
         """Each pod PodResources listed is judged by the last prediction made before that
         listing (the bind that succeeded: the agent follows its directions)."""
         self.predictions.read()
+        names = {uid: key for key, uid in self.uids.items()}
         for uid in sorted(self.predictions.made, key=lambda u: min(p.at for p, _ in self.predictions.made[u])):
             holding = self.holdings.get(uid)
             if holding is None:
@@ -739,8 +740,18 @@ class Soak:
             elif len(self.report.missed) < 20:
                 self.report.missed.append(
                     f"pod {uid}: predicted {p.node} {dict(predicted)} by {source} "
-                    f"({len(self.predictions.made[uid])} prediction(s)), holds {holding.node} {dict(holding.gpus)}"
+                    f"({len(self.predictions.made[uid])} prediction(s)), holds {holding.node} {dict(holding.gpus)}; "
+                    f"its agent: {self._agent_said(holding.node, names.get(uid, ''))}"
                 )
+
+    def _agent_said(self, node: str, pod: str) -> str:
+        """What the node's agent logged of directing `pod` ("namespace/name"): why a miss missed."""
+        try:
+            text = (self.box.root / f"agent-{node}.log").read_text(errors="replace")
+        except OSError as e:
+            return f"no log ({e})"
+        said = [line.split(": ", 1)[-1] for line in text.splitlines() if "directed allocation" in line and f"pod {pod} " in line]
+        return " | ".join(said) or "nothing about directing it"
 
     def _judge_coverage(self) -> None:
         injected = Counter(f.kind for f in self.report.faults)
