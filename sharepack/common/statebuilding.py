@@ -242,6 +242,24 @@ def same_content(a: NodeState | None, b: NodeState | None) -> bool:
     return replace(a, observed_at="") == replace(b, observed_at="")
 
 
+def same_use(a: NodeState, b: NodeState) -> bool:
+    """Equal apart from the observation time and the order each GPU lists its pods in: a node
+    scored on one is scored alike on the other. (An extender counts a pod it binds at the end
+    of its GPUs' lists; the agent then publishes the same pods sorted.)"""
+    return _use(a) == _use(b)
+
+
+def _use(state: NodeState) -> tuple[object, ...]:
+    return (
+        replace(state, observed_at="", resources=()),
+        tuple(
+            (r.name, r.sharing, r.fail_requests_greater_than_one,
+             tuple((g.key, g.index, g.product, g.total, g.allocated, g.unhealthy, frozenset(g.pods)) for g in r.gpus))
+            for r in state.resources
+        ),
+    )  # fmt: skip
+
+
 def summary(state: NodeState) -> dict[str, int | str]:
     """The one-line view `kubectl get nodegpustates` prints (`status.summary`): physical GPUs
     with nothing held and nothing unhealthy in any resource, and devices held / served."""

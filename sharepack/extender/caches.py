@@ -52,7 +52,7 @@ from types import MappingProxyType
 from typing import Any
 
 
-from sharepack.common import directions, draslices, drascoring, fragmentation, gpumodels, podrequests, scoring
+from sharepack.common import directions, draslices, drascoring, fragmentation, gpumodels, podrequests, scoring, statebuilding
 from sharepack.common.errors import DirectionsError, RequestError, StateSchemaError
 from sharepack.common.podrequests import PodRequest
 from sharepack.common.policies import NodePolicy, Policy
@@ -323,13 +323,15 @@ class ClusterView:
         for settled in published.settled:
             self._count_prediction(settled)
         scorer = self.scorers.get(name)
-        if not published.changed and scorer is not None:
-            # A heartbeat: only observedAt moved. Keep the scorer and its memo.
+        effective = self.ledger.effective(name) if published.changed and scorer is not None else None
+        if scorer is not None and (effective is None or statebuilding.same_use(scorer.state, effective)):
+            # A heartbeat (only observedAt moved), or the agent reporting the pods we counted
+            # where we counted them (most writes after a bind): keep the scorer and its memo.
             scorer.fresh_until = fresh_until
             self._index(name, scorer)  # back in the answers if it had gone stale
             self._changed()
             return
-        self._rebuild(name)
+        self._rebuild(name, effective)
 
     # -- freshness -------------------------------------------------------------------------
 
@@ -604,8 +606,10 @@ class ClusterView:
                 {r: sorted(k) for r, k in settled.reported.items()},
             )  # fmt: skip
 
-    def _rebuild(self, name: str) -> None:
-        state = self.ledger.effective(name)
+    def _rebuild(self, name: str, state: NodeState | None = None) -> None:
+        """A new scorer for the node's effective state (`state`, when the caller has it)."""
+        if state is None:
+            state = self.ledger.effective(name)
         if state is None:
             self.scorers.pop(name, None)
             self._index(name, None)
@@ -730,6 +734,9 @@ class ClusterView:
         spec = obj.get("spec") if isinstance(obj, Mapping) else None
         if not isinstance(spec, Mapping) or not spec.get("nodeName"):
             return  # not bound: nothing to count (the watch delivers pending pods too)
+        if self._counted_already(obj, spec["nodeName"]):
+            self._changed()
+            return
         try:
             pod = podrequests.decode_pod(obj, self.managed)
         except RequestError as e:
@@ -753,6 +760,17 @@ class ClusterView:
         # here may race others'.
         self.last_foreign_bind = self.clock()
         self.assume(pod.uid, pod.node_name, request, directed_placement(obj, pod.node_name, whole))
+
+    def _counted_already(self, obj: Mapping[str, Any], node: object) -> bool:
+        """A running pod's status updates, most pod events: a pod this view counts on the node
+        it is bound to, not finished. Nothing to decode: its GPU requests cannot change (an
+        in-place resize changes CPU and memory only, which `extender.noderesources` reads)."""
+        uid = _meta(obj).get("uid")
+        ledger = self.ledger
+        if not uid or ledger.pods.get(uid) != node or (uid not in ledger.assumed and uid not in ledger.settled):
+            return False
+        status = obj.get("status")
+        return not (isinstance(status, Mapping) and status.get("phase") in TERMINAL_PHASES)
 
     def delete_pod(self, obj: Any) -> None:
         if not isinstance(obj, Mapping):

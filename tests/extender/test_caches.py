@@ -78,12 +78,51 @@ def test_a_placement_the_agent_reports_elsewhere_is_a_mismatch() -> None:
     assert predictions(view) == {"match": 0, "mismatch": 1}
 
 
+def test_the_agent_reporting_a_pod_where_it_was_counted_keeps_the_scorer_and_elsewhere_rebuilds() -> None:
+    view = make()
+    view.upsert_pod(pod_obj("p1", "node-a"))
+    view.upsert_pod(pod_obj("a0", "node-a"))
+    counted = view.scorers["node-a"]
+    # The agent lists each GPU's pods sorted; the view, in another order.
+    assert counted.state.resources[0].gpus[0].pods != ("a0", "old", "p1")
+    view.upsert_state(state_obj("node-a", [(4, 3, ("a0", "old", "p1")), (4, 0, ())], rv="2"))
+    assert view.assumed == {}
+    assert view.scorers["node-a"] is counted, "the same use in another order: the memo stays"
+    # Then a pod the view did not count: a new scorer, on the new counts.
+    view.upsert_state(state_obj("node-a", [(4, 3, ("a0", "old", "p1")), (4, 1, ("x",))], rv="3"))
+    assert view.scorers["node-a"] is not counted
+    assert allocated(view, "node-a") == [3, 1]
+
+
 def test_a_pod_its_agent_already_counts_is_not_assumed() -> None:
     view = make()
     view.upsert_state(state_obj("node-a", [(4, 2, ("old", "p1")), (4, 0, ())], rv="2"))
     view.upsert_pod(pod_obj("p1", "node-a"))
     assert view.assumed == {}
     assert allocated(view, "node-a") == [2, 0]
+
+
+def test_a_counted_pods_status_updates_are_not_decoded_and_its_end_still_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sharepack.common import podrequests
+    from sharepack.extender import caches
+
+    decoded: list[str] = []
+    decode = podrequests.decode_pod
+
+    def counting(obj: Any, *args: Any) -> Any:
+        decoded.append(obj["metadata"]["uid"])
+        return decode(obj, *args)
+
+    monkeypatch.setattr(caches.podrequests, "decode_pod", counting)
+    view = make()
+    view.upsert_pod(pod_obj("p1", "node-a", phase="Pending"))  # bound: counted
+    assert decoded == ["p1"] and view.assumed["p1"].node == "node-a"
+    for phase in ("Pending", "Running", "Running"):  # the kubelet's status writes
+        view.upsert_pod(pod_obj("p1", "node-a", phase=phase))
+    assert decoded == ["p1"], "a pod counted where it is bound needs no decoding"
+    view.upsert_pod(pod_obj("p1", "node-a", phase="Succeeded"))
+    assert decoded == ["p1", "p1"] and "p1" not in view.assumed
+    assert allocated(view, "node-a") == [1, 0]
 
 
 def test_an_assumption_expires_after_the_ttl_and_is_not_renewed() -> None:
