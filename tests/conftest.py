@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from sharepack.sandbox.apiwatch import ApiSession
     from sharepack.sandbox.controlplane import kubebuild
     from sharepack.sandbox.controlplane.plane import RealControlPlane
 
@@ -56,6 +57,23 @@ def tmp_short() -> Iterator[Path]:
 # --- the real control plane -----------------------------------------------------------------
 
 REQUIRE_REAL = "SHAREPACK_REQUIRE_REAL"  # set by .ci/run: a missing control plane fails, never skips
+
+
+@pytest.fixture
+async def sandbox_api(tmp_path: Path) -> AsyncIterator["ApiSession"]:
+    """The sandbox's own API session (`sandbox.apiwatch.ApiSession`) on a fresh in-process API server."""
+    from sharepack.sandbox.apiserver.server import FakeApiServer
+    from sharepack.sandbox.apiwatch import ApiSession
+    from sharepack.sandbox.controlplane import plane as controlplane
+
+    async with FakeApiServer() as server:
+        client = controlplane.api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
+        session = ApiSession.of(client)
+        try:
+            yield session
+        finally:
+            await session.close()
+            client.close()
 
 
 def real_binaries() -> "kubebuild.Binaries":

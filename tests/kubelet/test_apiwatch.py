@@ -7,30 +7,19 @@ answered for the wrong pods (the chaos soak's swapped predictions)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sharepack.sandbox import apiwatch
-from sharepack.sandbox.apiserver.server import FakeApiServer
 from sharepack.sandbox.apiwatch import ApiSession, reflect
-from sharepack.sandbox.controlplane import plane as controlplane
 
 PODS = "/api/v1/namespaces/default/pods"
 
 
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[ApiSession]:
-    async with FakeApiServer() as server:
-        client = controlplane.api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
-        session = ApiSession.of(client)
-        try:
-            yield session
-        finally:
-            await session.close()
-            client.close()
+def api(sandbox_api: ApiSession) -> ApiSession:
+    return sandbox_api
 
 
 async def _create(api: ApiSession, name: str) -> None:

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sharepack.common import devices, directions
 from sharepack.common.policies import Policy
-from sharepack.sandbox.controlplane import plane as controlplane
-from sharepack.sandbox.apiserver.server import FakeApiServer
 from sharepack.sandbox.apiwatch import ApiSession
 from sharepack.sandbox.kubelet.fleet import Fleet, synthetic_shapes
 from sharepack.sandbox.drivers.scalecluster import gpu_pod
@@ -28,16 +24,9 @@ SHARED = "nvidia.com/gpu.shared"
 
 
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[ApiSession]:
-    async with FakeApiServer() as server:
-        client = controlplane.api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
-        session = ApiSession.of(client)
-        try:
-            await session.send("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
-            yield session
-        finally:
-            await session.close()
-            client.close()
+async def api(sandbox_api: ApiSession) -> ApiSession:
+    await sandbox_api.send("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+    return sandbox_api
 
 
 async def running_fleet(api: ApiSession, policy: Policy, nodes: int = 2) -> tuple[Fleet, asyncio.Task[None]]:
