@@ -250,6 +250,12 @@ def tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None
     # store), where a public CA's certificate would get in.
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # No session tickets: kube-scheduler's client (client-go's TLS config) keeps no session
+    # cache and never resumes, and OpenSSL would issue two tickets at every TLS 1.3 handshake,
+    # about 0.3 of the 1 ms of server CPU a handshake costs (benchmarks/bench_tls.py), on
+    # hundreds of handshakes per 1,000 binds (kube-scheduler keeps two idle connections).
+    ctx.num_tickets = 0
+    ctx.options |= ssl.OP_NO_TICKET
     try:
         ctx.load_cert_chain(cert_file, key_file)
     except OSError as e:  # ssl.SSLError included: not PEM, or key and certificate do not match

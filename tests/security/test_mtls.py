@@ -10,6 +10,7 @@ of the handshake first and the server then drops the connection: either way no H
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import subprocess
@@ -108,6 +109,41 @@ async def test_the_system_ca_store_does_not_vouch_for_clients(tmp_short: Path, m
     lax.set_default_verify_paths()
     lax.verify_mode = ssl.CERT_REQUIRED
     assert await serve(lax) == ("reply", SERVED)
+
+
+def _resumes(server: ssl.SSLContext, client: ssl.SSLContext) -> bool:
+    """Whether a second connection of `client` resumes the first one's session (memory BIOs)."""
+    session = None
+    for _ in range(2):
+        s_in, s_out, c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+        s = server.wrap_bio(s_in, s_out, server_side=True)
+        c = client.wrap_bio(c_in, c_out, server_side=False, server_hostname="localhost", session=session)
+        for _ in range(3):  # flights back and forth (a finished handshake ignores the extra calls)
+            with contextlib.suppress(ssl.SSLWantReadError):
+                c.do_handshake()
+            s_in.write(c_out.read())
+            with contextlib.suppress(ssl.SSLWantReadError):
+                s.do_handshake()
+            c_in.write(s_out.read())
+        s.write(b"x")  # TLS 1.3 tickets come after the handshake: read past them
+        c_in.write(s_out.read())
+        assert c.read() == b"x"
+        if c.session_reused:
+            return True
+        session = c.session
+    return False
+
+
+def test_no_session_tickets_kube_schedulers_client_never_resumes(tmp_short: Path) -> None:
+    """client-go keeps no TLS session cache: a ticket would be server CPU spent at every handshake."""
+    files = write_tls_files(tmp_short)
+    client = tls_client(files.ca_cert, files, TLS13)
+    shipped = tls_context(str(files.server_cert), str(files.server_key), str(files.ca_cert))
+    assert not _resumes(shipped, client)
+    # What the check can see: the same context issuing tickets is resumed.
+    tickets = tls_context(str(files.server_cert), str(files.server_key), str(files.ca_cert))
+    tickets.num_tickets, tickets.options = 2, tickets.options & ~ssl.OP_NO_TICKET
+    assert _resumes(tickets, client)
 
 
 # --- flags ----------------------------------------------------------------------------------------
