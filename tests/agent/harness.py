@@ -129,8 +129,14 @@ async def running_agent(
         xid_wait_ms=50,
     )
     agent = Agent(settings, cfg, inventory, wait_for_xid=xids.wait if xids else None, config_loader=loader)
+    registered = len(kubelet.registrations)
     task = asyncio.create_task(agent.run(), name="agent-under-test")
     try:
+        # This agent's own registrations first: the kubelet may still hold a previous agent's
+        # endpoints (their streams' end not seen yet), which would pass for this one's before it
+        # has even started (it restores its allocation log before registering).
+        await kubelet.wait_until(lambda: len(kubelet.registrations) >= registered + len(agent.resources),
+                                 what="the agent's registrations")  # fmt: skip
         for resource in agent.resources:
             await kubelet.wait_for_resource(resource.name)
         yield agent
