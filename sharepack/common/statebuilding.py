@@ -249,15 +249,11 @@ def same_use(a: NodeState, b: NodeState) -> bool:
     return _use(a) == _use(b)
 
 
-def _use(state: NodeState) -> tuple[object, ...]:
-    return (
-        replace(state, observed_at="", resources=()),
-        tuple(
-            (r.name, r.sharing, r.fail_requests_greater_than_one,
-             tuple((g.key, g.index, g.product, g.total, g.allocated, g.unhealthy, frozenset(g.pods)) for g in r.gpus))
-            for r in state.resources
-        ),
-    )  # fmt: skip
+def _use(state: NodeState) -> NodeState:
+    """`state` with no observation time and each GPU's pods sorted (every other field kept)."""
+    return replace(state, observed_at="", resources=tuple(
+        replace(r, gpus=tuple(replace(g, pods=tuple(sorted(g.pods))) for g in r.gpus)) for r in state.resources
+    ))  # fmt: skip
 
 
 def summary(state: NodeState) -> dict[str, int | str]:

@@ -140,6 +140,23 @@ async def reflect(api: ApiSession, path: str, params: Mapping[str, str], handler
         except Exception:
             log.exception("handling %s of %s failed", kind, (obj.get("metadata") or {}).get("name"))
 
+    async def follow(rv: str) -> str | None:
+        """One watch's events, delivered; the version to resume from when the server ended the
+        watch (its timeout), None after an ERROR event (410 Gone and the like: relist)."""
+        async for event in api.watch(path, params, rv):
+            kind, obj = str(event.get("type")), event.get("object") or {}
+            if kind == "ERROR":
+                return None
+            rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+            if kind == "BOOKMARK":
+                continue
+            if kind == "DELETED":
+                known.pop(_uid(obj), None)
+            else:
+                known[_uid(obj)] = obj
+            await deliver(kind, obj)
+        return rv
+
     while True:
         try:
             listed = await api.get(path, params)
@@ -154,26 +171,12 @@ async def reflect(api: ApiSession, path: str, params: Mapping[str, str], handler
                 kind = "MODIFIED" if uid in known else "ADDED"
                 known[uid] = obj
                 await deliver(kind, obj)
-            relist = False
-            while not relist:
-                relist = True  # unless the server ends this watch itself
+            resume: str | None = rv
+            while resume is not None:
                 began = time.monotonic()
-                async for event in api.watch(path, params, rv):
-                    kind, obj = str(event.get("type")), event.get("object") or {}
-                    if kind == "ERROR":
-                        break  # 410 Gone and the like: relist
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        known.pop(_uid(obj), None)
-                    else:
-                        known[_uid(obj)] = obj
-                    await deliver(kind, obj)
-                else:
-                    relist = False  # the watch's timeout: watch again from `rv`
-                    if time.monotonic() - began < RETRY_S:
-                        await asyncio.sleep(RETRY_S)  # a server ending watches at once is no timeout
+                resume = await follow(resume)
+                if resume is not None and time.monotonic() - began < RETRY_S:
+                    await asyncio.sleep(RETRY_S)  # a server ending watches at once is no timeout
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, OSError, WatchError, asyncio.TimeoutError, KeyError, ValueError) as e:

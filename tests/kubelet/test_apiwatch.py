@@ -17,11 +17,6 @@ from sharepack.sandbox.apiwatch import ApiSession, reflect
 PODS = "/api/v1/namespaces/default/pods"
 
 
-@pytest.fixture
-def api(sandbox_api: ApiSession) -> ApiSession:
-    return sandbox_api
-
-
 async def _create(api: ApiSession, name: str) -> None:
     await api.send("POST", PODS, {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
 
@@ -48,8 +43,9 @@ class Seen:
 
 
 async def test_a_watch_the_server_ends_resumes_from_its_version_without_a_list(
-    api: ApiSession, monkeypatch: pytest.MonkeyPatch
+    sandbox_api: ApiSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    api = sandbox_api
     monkeypatch.setattr(apiwatch, "WATCH_TIMEOUT_S", 1)
     seen = Seen(api)
     task = asyncio.create_task(reflect(api, PODS, {}, seen.handler))
@@ -66,7 +62,8 @@ async def test_a_watch_the_server_ends_resumes_from_its_version_without_a_list(
     assert seen.events == [("ADDED", "first"), ("ADDED", "second")], seen.events
 
 
-async def test_a_list_hands_new_pods_over_oldest_first(api: ApiSession) -> None:
+async def test_a_list_hands_new_pods_over_oldest_first(sandbox_api: ApiSession) -> None:
+    api = sandbox_api
     await _create(api, "z-older")
     await asyncio.sleep(1.1)  # creationTimestamp counts whole seconds
     await _create(api, "a-newer")
