@@ -76,15 +76,30 @@ class ExtenderProcess:
     port: int
 
 
-async def start_extender(root: Path, kubeconfig: Path, tls: TlsFiles, *extra: str) -> ExtenderProcess:
-    port, probes = free_port(), free_port()
-    process = LoggedProcess(
-        [sys.executable, "-m", "sharepack.extender", f"--listen=127.0.0.1:{port}", f"--metrics-listen=127.0.0.1:{probes}",
-         f"--kubeconfig={kubeconfig}", "--log-format=text", *tls.extender_args(), *extra],
-        root / f"extender-{port}.log",
-    )  # fmt: skip
-    await process.start()
-    return ExtenderProcess(process, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{probes}", port)
+PORT_TRIES = 3
+
+
+async def start_extender(root: Path, kubeconfig: Path, tls: TlsFiles, nodes: int, *extra: str) -> ExtenderProcess:
+    """An extender on free ports, ready with `nodes` node states cached (`wait_caches`). A port
+    found free can be taken before the child binds it (another test's listener): then it starts
+    again on fresh ones."""
+    for attempt in range(PORT_TRIES):
+        port, probes = free_port(), free_port()
+        process = LoggedProcess(
+            [sys.executable, "-m", "sharepack.extender", f"--listen=127.0.0.1:{port}", f"--metrics-listen=127.0.0.1:{probes}",
+             f"--kubeconfig={kubeconfig}", "--log-format=text", *tls.extender_args(), *extra],
+            root / f"extender-{port}.log",
+        )  # fmt: skip
+        await process.start()
+        ext = ExtenderProcess(process, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{probes}", port)
+        try:
+            await wait_caches(ext, nodes)
+            return ext
+        except BaseException:
+            await process.stop()
+            if attempt + 1 == PORT_TRIES or "address already in use" not in process.log_tail():
+                raise
+    raise AssertionError("unreachable")
 
 
 async def metrics(ext: ExtenderProcess) -> dict[str, float]:
@@ -148,10 +163,9 @@ async def stack(root: Path, nodes: dict[str, Sequence[tuple[int, int]]], *extra:
         authority = pki.Authority(root / "tls", "sharepack-extender-ca")
         tls = extender_tls(authority)
         stranger = write_tls_files(root / "stranger", ca_name="some other CA")
-        ext = await start_extender(root, kubeconfig, tls, *extra)
+        ext = await start_extender(root, kubeconfig, tls, len(nodes), *extra)
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as session:
-                await wait_caches(ext, len(nodes))
                 yield Stack(server, root, kubeconfig, tls, stranger, authority, session, ext)
         finally:
             await ext.process.stop()

@@ -19,7 +19,7 @@ from aiohttp import web
 from sharepack.extender import authorizing
 from sharepack.extender.__main__ import parse_args
 from sharepack.sandbox.controlplane import certificates
-from tests.security.stack import Stack, create_pod, metrics, node_of, stack, start_extender, wait_caches
+from tests.security.stack import Stack, create_pod, metrics, node_of, stack, start_extender
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,10 +104,9 @@ async def test_probes_answer_any_certificate_the_ca_signed(served: Stack) -> Non
 
 async def test_the_names_follow_the_flags_and_the_url_prefix(served: Stack) -> None:
     alice = served.authority.issue("alice", "alice")
-    replica = await start_extender(served.root, served.kubeconfig, served.tls, "--url-prefix=/sp",
+    replica = await start_extender(served.root, served.kubeconfig, served.tls, len(NODES), "--url-prefix=/sp",
                                    "--scheduler-client-cn=alice", "--explain-client-cn=alice")  # fmt: skip
     try:
-        await wait_caches(replica, len(NODES))
         pod = create_pod(served.server, "p", 1)
         ctx = context(served, alice.cert, alice.key)
         assert (await call(f"{replica.url}/sp", ctx, "filter", filter_body(pod)))[0] == 200

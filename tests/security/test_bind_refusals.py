@@ -18,7 +18,7 @@ import pytest
 
 from sharepack.sandbox.apiserver import resources as kinds
 from sharepack.sandbox.scheduling import ExtenderConfig, SchedulerDriver
-from tests.security.stack import SHARED, Stack, create_pod, metrics, node_of, stack, start_extender, wait_caches
+from tests.security.stack import SHARED, Stack, create_pod, metrics, node_of, stack, start_extender
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,9 +112,8 @@ async def test_bind_refuses_naming_the_rule_and_leaves_the_pod_where_it_was(serv
 
 
 async def test_a_second_replica_binds_what_the_first_scored_after_its_own_recheck(served: Stack) -> None:
-    replica = await start_extender(served.root, served.kubeconfig, served.tls, "--unscored-binds=recheck")
+    replica = await start_extender(served.root, served.kubeconfig, served.tls, len(NODES), "--unscored-binds=recheck")
     try:
-        await wait_caches(replica, len(NODES))
         scored = create_pod(served.server, "scored", 2)
         assert await filtered(served, scored) == ["node-free"]  # on the first replica
         assert await served.bind(scored, "node-free", to=replica) == ""
