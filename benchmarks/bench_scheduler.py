@@ -15,6 +15,11 @@ without, with, without, ...), so that load from elsewhere on the machine hits bo
 * **without**: the same file without its `extenders` stanza (the default plugins only).
 
 `--insecure-http` serves the extender over plain HTTP instead (for comparison only).
+`--with-http1` adds a phase to each pair, after the with phase: the same extender process,
+kube-scheduler started with `DISABLE_HTTP2=1`, so that it calls the extender over HTTP/1.1 as it
+did before the extender offered HTTP/2 (its API client speaks HTTP/1.1 too then, so the rates
+differ by that as well; the extender's CPU per pod differs by its transport alone). Printed: the
+HTTP/2 phase's extender CPU and rate over the HTTP/1.1 phase's, per pair.
 
 In both, kube-scheduler's client rate limit is raised to 5,000 QPS as scheduler_perf raises it
 (`--client-qps`; as shipped it is 50 QPS, which caps binds and their events without the extender
@@ -29,7 +34,11 @@ the extender and of kube-scheduler in the phase (/proc/<pid>/stat); the extender
 kube-scheduler sees it (`scheduler_scheduling_algorithm_duration_seconds`, which holds the
 extender's filter and prioritize calls, with against without) and as its own histogram shows it
 (`sharepack_extender_request_duration_seconds`, per verb). After a phase every pod is deleted
-and the fleet and the extender are waited on until they count none.
+and the fleet and the extender are waited on until they count none. A with phase that follows a
+without phase also waits until `extender.directing.SHARED_S` (30 s) has passed since then: the
+extender sees the GPU pods kube-scheduler bound itself as another binder's, and for that long
+lists each bind's node pods first (the count is printed per phase); without the wait every with
+phase but the first measured that, not the extender binding alone.
 
 Per pair, the ratio is with / without; the figures reported are medians over the pairs. Also
 per phase: the extender's CPU-ms per pod created and kube-scheduler's algorithm-duration mean.
@@ -64,6 +73,7 @@ from sharepack.common import shipped
 from sharepack.common.policies import Policy
 from sharepack.sandbox.kubelet import fleet
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable
+from sharepack.extender import directing
 from sharepack.sandbox.drivers.scalecluster import ScaleCluster, cpu_seconds, gpu_pod, histogram
 from sharepack.tracesim import traces
 
@@ -71,6 +81,10 @@ RESOURCE = "nvidia.com/gpu.shared"
 SEED = 7
 TIMEOUT_S = 1800.0
 PHASES = (("with", True), ("without", False))  # one pair, in this order
+# --with-http1's phase, between the two: the same extender, kube-scheduler's clients told to speak
+# HTTP/1.1 only (Kubernetes' DISABLE_HTTP2), as before the extender offered HTTP/2.
+HTTP1 = ("http1", True)
+HTTP1_ENV = {"DISABLE_HTTP2": "1"}
 CLIENT_QPS = 5000  # kube-scheduler's API rate limit in both phases, as scheduler_perf sets it
 
 
@@ -92,11 +106,12 @@ def pod_mix(count: int, replicas: int, seed: int = SEED, prefix: str = "pod") ->
 
 
 async def phase(
-    cluster: ScaleCluster, name: str, with_extender: bool, pods: list[dict[str, Any]], client_qps: int
+    cluster: ScaleCluster, name: str, with_extender: bool, pods: list[dict[str, Any]], client_qps: int,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     assert cluster.extender is not None and cluster.extender.proc is not None
     extender_pid = cluster.extender.proc.pid
-    scheduler_pid = await cluster.start_scheduler(with_extender=with_extender, client_qps=client_qps)
+    scheduler_pid = await cluster.start_scheduler(with_extender=with_extender, client_qps=client_qps, env=env)
     cluster.say(f"[{name}] kube-scheduler leads; creating {len(pods)} pods")
     extender_before = await cluster.extender_metrics()
     cpu_before = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
@@ -119,8 +134,9 @@ async def phase(
     sched = await cluster.scheduler_metrics()
     extender_after = await cluster.extender_metrics()
     await cluster.stop_scheduler()
-    handshakes = extender_after.get("sharepack_extender_tls_handshakes", 0.0) - extender_before.get(
-        "sharepack_extender_tls_handshakes", 0.0
+    handshakes, lists = (
+        extender_after.get(m, 0.0) - extender_before.get(m, 0.0)
+        for m in ("sharepack_extender_tls_handshakes", "sharepack_extender_bind_node_lists")
     )
     result: dict[str, Any] = {
         "pods": len(pods),
@@ -134,6 +150,7 @@ async def phase(
         "extender_cpu_ms_per_pod": round((cpu_after[0] - cpu_before[0]) * 1000 / len(pods), 2),
         "scheduler_cpu_s": round(cpu_after[1] - cpu_before[1], 2),
         "tls_handshakes": int(handshakes),
+        "bind_node_lists": int(lists),
         "scheduler_restarts": restarts,
     }
     algorithm = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
@@ -162,15 +179,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "nodes": args.nodes, "extender_args": args.extender_arg, "tls": not args.insecure_http,
             "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}, "pairs": [],
         }  # fmt: skip
+        foreign_until = 0.0  # monotonic: until then the extender takes another binder to be about
+        phases = phases_of(args)
+        results["phases"] = [name for name, _ in phases]
         for i in range(args.pairs):
             pair: dict[str, Any] = {}
-            for name, with_extender in PHASES:
+            for name, with_extender in phases:
                 pods = pod_mix(args.pods, args.replicas, prefix=f"{name}-{i}")
-                pair[name] = await phase(cluster, f"{name} {i + 1}/{args.pairs}", with_extender, pods, args.client_qps)
+                wait = foreign_until - time.monotonic()
+                if with_extender and wait > 0:
+                    # The last phase's GPU pods were bound by kube-scheduler itself, which the
+                    # extender takes as another binder about: for directing.SHARED_S after, each
+                    # of its binds lists its node's pods first. A with phase measures the
+                    # extender binding alone, as in a cluster it schedules for.
+                    cluster.say(f"waiting {wait:.0f} s for the extender to see kube-scheduler's own binds as past "
+                                "(directing.SHARED_S)")  # fmt: skip
+                    await asyncio.sleep(wait)
+                env = HTTP1_ENV if name == HTTP1[0] else None
+                pair[name] = await phase(cluster, f"{name} {i + 1}/{args.pairs}", with_extender, pods, args.client_qps, env)
+                if not with_extender:
+                    foreign_until = time.monotonic() + directing.SHARED_S
             results["pairs"].append(pair)
             if args.out:  # each pair as it completes: a run cut short keeps what it measured
                 args.out.write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def phases_of(args: argparse.Namespace) -> tuple[tuple[str, bool], ...]:
+    return (PHASES[0], HTTP1, PHASES[1]) if args.with_http1 else PHASES
 
 
 def _median(values: list[float]) -> float:
@@ -181,8 +217,9 @@ def report(results: dict[str, Any]) -> str:
     transport = "mutual TLS" if results["tls"] else "plain HTTP (--insecure-http)"
     lines = [f"nodes {results['nodes']}, extender over {transport}; setup " + ", ".join(f"{k} {v} s" for k, v in results["setup_s"].items())]
     ratios = []
+    names = results.get("phases", [name for name, _ in PHASES])
     for i, pair in enumerate(results["pairs"]):
-        for name, _ in PHASES:
+        for name in names:
             r = pair[name]
             lines.append(
                 f"pair {i + 1} {name:>7} extender: {r['bound']}/{r['pods']} bound ({r['gpu_pods']} GPU pods, "
@@ -193,15 +230,16 @@ def report(results: dict[str, Any]) -> str:
             )
             lines.append(f"          kube-scheduler algorithm (filter+score, extender calls included): {r['scheduler_algorithm']}")
             lines.append(f"          kube-scheduler attempt (scheduled): {r['scheduler_attempt']}")
-            if name == "with":
+            if name != "without":
                 for verb in ("filter", "prioritize", "bind"):
                     lines.append(f"          extender {verb} (its histogram): {r[f'extender_{verb}']}")
-                lines.append(f"          TLS handshakes on the extender: {r['tls_handshakes']}")
+                lines.append(f"          TLS handshakes on the extender: {r['tls_handshakes']}; binds that listed "
+                             f"their node's pods: {r.get('bind_node_lists', 0)}")
         w, wo = pair["with"], pair["without"]
         ratios.append(w["pods_per_s"] / wo["pods_per_s"] if wo["pods_per_s"] else 0.0)
         lines.append(f"pair {i + 1}: ratio {ratios[-1]:.2f}")
     medians: dict[str, dict[str, float]] = {}
-    for name, _ in PHASES:
+    for name in names:
         runs = [pair[name] for pair in results["pairs"]]
         medians[name] = {
             key: _median([r[key] for r in runs if r[key] is not None])
@@ -217,6 +255,15 @@ def report(results: dict[str, Any]) -> str:
     lines.append(
         f"extender latency as kube-scheduler sees it (median algorithm mean, with - without): {w_alg - wo_alg:.2f} ms per pod"
     )
+    if HTTP1[0] in names:
+        h2_cpu = [p["with"]["extender_cpu_ms_per_pod"] / p[HTTP1[0]]["extender_cpu_ms_per_pod"] for p in results["pairs"]]
+        h2_rate = [p["with"]["pods_per_s"] / p[HTTP1[0]]["pods_per_s"] for p in results["pairs"]]
+        results["h2_over_http1"] = {"cpu": [round(r, 3) for r in h2_cpu], "rate": [round(r, 3) for r in h2_rate]}
+        lines.append(
+            f"kube-scheduler over HTTP/2 (as shipped) / over HTTP/1.1, same extender: extender CPU per pod "
+            f"{_median(h2_cpu):.2f} (pairs {', '.join(f'{r:.2f}' for r in h2_cpu)}), pods/s "
+            f"{_median(h2_rate):.2f} (pairs {', '.join(f'{r:.2f}' for r in h2_rate)})"
+        )
     ratio = _median(ratios)
     results["ratio"] = round(ratio, 3)
     results["ratios"] = [round(r, 3) for r in ratios]
@@ -251,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extender-arg", action="append", default=[],
                    help="extra extender flag, e.g. --extender-arg=--filter-tier-width=1 (repeatable)")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    p.add_argument("--with-http1", action="store_true",
+                   help="add a phase per pair, after the with phase: kube-scheduler calling the same "
+                        "extender over HTTP/1.1 (DISABLE_HTTP2=1), as before the extender offered HTTP/2")  # fmt: skip
     p.add_argument("--extender-profile", type=Path, help="run the extender under cProfile, stats to this file")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.pods < 1 or args.pairs < 1:

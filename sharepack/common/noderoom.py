@@ -15,6 +15,7 @@ watch path.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -55,25 +56,34 @@ def quantity(value: Any, where: str) -> Decimal:
     return number * scale
 
 
-def _amount(resources: Mapping[str, Any], name: str, where: str, *, up: bool) -> int:
+def _amount(resources: Mapping[str, Any], name: str, *, up: bool) -> int:
     """`name` of a requests/allocatable map in milli-CPU or MiB (0 when absent or unreadable)."""
     raw = resources.get(name)
     if raw is None:
         return 0
+    if isinstance(raw, str | int | float):
+        return _units(raw, name == CPU, up)
+    return 0  # not a quantity at all (`quantity` would say so; here it counts as 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _units(raw: str | int | float, cpu: bool, up: bool) -> int:
+    """A quantity in milli-CPU (`cpu`) or MiB, rounded up or down. Cached: every pod event is
+    counted again, and a cluster's pods repeat a few dozen request values."""
     try:
-        q = quantity(raw, f"{where}[{name}]")
+        q = quantity(raw, "")
     except QuantityError:
         return 0
-    units = q * 1000 if name == CPU else q / MIB
+    units = q * 1000 if cpu else q / MIB
     return max(math.ceil(units) if up else math.floor(units), 0)
 
 
-def _requests(container: Any, where: str) -> tuple[int, int]:
+def _requests(container: Any) -> tuple[int, int]:
     resources = container.get("resources") if isinstance(container, Mapping) else None
     requests = resources.get("requests") if isinstance(resources, Mapping) else None
     if not isinstance(requests, Mapping):
         return 0, 0
-    return _amount(requests, CPU, where, up=True), _amount(requests, MEMORY, where, up=True)
+    return _amount(requests, CPU, up=True), _amount(requests, MEMORY, up=True)
 
 
 def _list(value: Any) -> list[Any]:
@@ -87,13 +97,13 @@ def pod_requests(doc: Any) -> tuple[int, int]:
     if not isinstance(spec, Mapping):
         return 0, 0
     apps = [0, 0]
-    for i, c in enumerate(_list(spec.get("containers"))):
-        for k, v in enumerate(_requests(c, f"spec.containers[{i}].resources.requests")):
+    for c in _list(spec.get("containers")):
+        for k, v in enumerate(_requests(c)):
             apps[k] += v
     sidecars = [0, 0]
     init_peak = [0, 0]
-    for i, c in enumerate(_list(spec.get("initContainers"))):
-        got = _requests(c, f"spec.initContainers[{i}].resources.requests")
+    for c in _list(spec.get("initContainers")):
+        got = _requests(c)
         restartable = isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
         for k, v in enumerate(got):
             if restartable:
@@ -104,7 +114,7 @@ def pod_requests(doc: Any) -> tuple[int, int]:
     overhead = spec.get("overhead")
     extra = (0, 0)
     if isinstance(overhead, Mapping):
-        extra = (_amount(overhead, CPU, "spec.overhead", up=True), _amount(overhead, MEMORY, "spec.overhead", up=True))
+        extra = (_amount(overhead, CPU, up=True), _amount(overhead, MEMORY, up=True))
     cpu = max(apps[0] + sidecars[0], init_peak[0]) + extra[0]
     memory = max(apps[1] + sidecars[1], init_peak[1]) + extra[1]
     return cpu, memory
@@ -116,5 +126,5 @@ def node_allocatable(doc: Any) -> tuple[int, int] | None:
     allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
     if not isinstance(allocatable, Mapping) or (CPU not in allocatable and MEMORY not in allocatable):
         return None
-    return (_amount(allocatable, CPU, "status.allocatable", up=False),
-            _amount(allocatable, MEMORY, "status.allocatable", up=False))  # fmt: skip
+    return (_amount(allocatable, CPU, up=False),
+            _amount(allocatable, MEMORY, up=False))  # fmt: skip

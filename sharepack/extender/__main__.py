@@ -36,7 +36,7 @@ from aiohttp import web
 from sharepack.common import addresses, draslices, fragmentation, podrequests, scoring, shipped, state as published
 from sharepack.common.errors import ConfigError
 from sharepack.common.policies import NodePolicy
-from sharepack.extender import authorizing, directing, draview, noderesources
+from sharepack.extender import authorizing, directing, draview, http2, noderesources
 from sharepack.extender.binding import ApiBinder, Binder
 from sharepack.extender.bindguard import BindGuard, UnscoredBinds
 from sharepack.extender.caches import ClusterView, pod_handler, state_handler
@@ -55,6 +55,7 @@ DEFAULT_RESYNC_S = 300.0
 DEFAULT_STATE_MAX_AGE_S = published.STALE_AFTER_S
 MODE_DEVICE_PLUGIN = "device-plugin"
 MODE_DRA = "dra"
+SHUTDOWN_TIMEOUT_S = 2.0  # requests in flight at shutdown get this long to finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class Options:
     client_ca_file: str | None = None  # with the two above: clients must present a certificate
     insecure_http: bool = False  # plain HTTP asked for explicitly
     metrics_listen: str = ""  # HOST:PORT for /metrics, /healthz, /readyz without TLS; "": none
+    http2: bool = True  # offer HTTP/2 on the TLS port (extender.http2)
     scheduler_names: tuple[str, ...] = (podrequests.DEFAULT_SCHEDULER_NAME,)
     # Client certificate common names per path (extender.authorizing); mutual TLS only.
     scheduler_client_cns: tuple[str, ...] = authorizing.DEFAULT_SCHEDULER_CNS
@@ -133,6 +135,9 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--insecure-http", action="store_true",
                    help="serve plain HTTP without client authentication: anyone who reaches the "
                         "port can call /bind (logged as a warning)")  # fmt: skip
+    p.add_argument("--http2", action=argparse.BooleanOptionalAction, default=True,
+                   help="offer HTTP/2 on the TLS port, which kube-scheduler's client then uses for every "
+                        "call on one connection (default: on; --no-http2 serves HTTP/1.1 only)")  # fmt: skip
     p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
                    help="also serve /metrics, /healthz and /readyz (only those) over plain HTTP here, "
                         "for probes and Prometheus (default: off)")  # fmt: skip
@@ -215,6 +220,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         tls_private_key_file=a.tls_private_key_file,
         client_ca_file=a.client_ca_file,
         insecure_http=a.insecure_http,
+        http2=a.http2,
         metrics_listen=a.metrics_listen,
         scheduler_names=scheduler_names,
         scheduler_client_cns=scheduler_cns,
@@ -378,6 +384,12 @@ class Service:
                 ))  # fmt: skip
             api_binder = self._api_binder = ApiBinder(self._watch_api)
             binder = directing.DirectingBinder(api_binder, self.view) if opts.directed_gpus else api_binder
+            if isinstance(binder, directing.DirectingBinder):
+                lists = binder
+                self.metrics.gauge("sharepack_extender_bind_node_lists",
+                                   "Binds that listed their node's pods first: another binder was about "
+                                   "(directing.SHARED_S after its last sign) or this one had paused.",
+                                   lambda: lists.lists)  # fmt: skip
         guard = BindGuard(self.view, scheduler_names=opts.scheduler_names, unscored=opts.unscored_binds,
                           pending=self.pending)  # fmt: skip
         self.extender = Extender(
@@ -385,6 +397,8 @@ class Service:
             url_prefix=opts.url_prefix, guard=guard,
         )  # fmt: skip
         self._runners: list[web.AppRunner] = []
+        self._servers: list[asyncio.AbstractServer] = []  # the TLS port's where it offers HTTP/2
+        self._h2 = http2.Connections()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.metrics_port = 0  # --metrics-listen's bound port; 0: not serving it
@@ -436,11 +450,13 @@ class Service:
             self.metrics.gauge("sharepack_extender_tls_handshakes",
                                "TLS handshakes the verbs' server has started since it began serving.",
                                lambda: stats()["accept"])  # fmt: skip
-        app = self.extender.app(max_body_bytes=self.opts.max_body_bytes)
         if ssl_context is not None and self.opts.client_ca_file is not None:
-            authorizer = authorizing.Authorizer(frozenset(self.opts.scheduler_client_cns),
-                                                frozenset(self.opts.explain_client_cns), self.extender.url_prefix)  # fmt: skip
-            app.middlewares.append(authorizer.middleware())
+            self.extender.authorizer = authorizing.Authorizer(frozenset(self.opts.scheduler_client_cns),
+                                                              frozenset(self.opts.explain_client_cns),
+                                                              self.extender.url_prefix)  # fmt: skip
+        app = self.extender.app(max_body_bytes=self.opts.max_body_bytes)
+        if ssl_context is not None and self.opts.http2:
+            ssl_context.set_alpn_protocols(list(http2.ALPN_PROTOCOLS))
         try:
             self.port = await self._serve(app, host, port, ssl_context)
             if self.opts.metrics_listen:
@@ -470,16 +486,31 @@ class Service:
 
     async def _serve(self, app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         """Serve `app`; returns the bound port (0 asks for a free one)."""
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         self._runners.append(runner)
+        if ssl_context is not None and self.opts.http2:
+            # aiohttp for HTTP/1.1, extender.http2 where the client's ALPN chose h2.
+            http1 = runner.server
+            assert http1 is not None
+            respond, limit, live, count = self.extender.respond, self.opts.max_body_bytes, self._h2, self.metrics.connection
+            alpn = await asyncio.get_running_loop().create_server(
+                lambda: http2.AlpnServer(http1, respond, limit, live, count), host, port, ssl=ssl_context,
+                reuse_address=True,
+            )  # fmt: skip
+            self._servers.append(alpn)
+            return int(alpn.sockets[0].getsockname()[1])
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
         await site.start()
         server = site._server  # the bound port (0 picks one); aiohttp exposes it only here
-        assert isinstance(server, asyncio.base_events.Server)
-        return int(server.sockets[0].getsockname()[1])
+        assert server is not None
+        return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
 
     async def _cleanup_runners(self) -> None:
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+        await self._h2.shutdown(SHUTDOWN_TIMEOUT_S)
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()

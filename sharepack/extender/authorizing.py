@@ -80,6 +80,13 @@ class Authorizer:
         return (f"forbidden: client certificate subject {who!r} may not call {path}: it answers "
                 f"CN {', '.join(sorted(may)) or '(no one)'} ({flag})\n")  # fmt: skip
 
+    def check(self, route: str, peercert: Any, path: str) -> str | None:
+        """`decide` for a request to `route` (spelt `path` by the caller), logging a refusal."""
+        refusal = self.decide(route, peercert)
+        if refusal is not None:
+            log.warning("%s", refusal.rstrip(), extra={"path": path, "subject": subject(peercert)})
+        return refusal
+
     def middleware(self) -> Middleware:
         """For the mutual-TLS port only (the handshake has checked the certificate's CA)."""
 
@@ -92,9 +99,8 @@ class Authorizer:
                 return await handler(request)  # no route: the router's own 404 or 405
             transport = request.transport
             peercert = transport.get_extra_info("peercert") if transport is not None else None
-            refusal = self.decide(resource.canonical, peercert)
+            refusal = self.check(resource.canonical, peercert, request.path)
             if refusal is not None:
-                log.warning("%s", refusal.rstrip(), extra={"path": request.path, "subject": subject(peercert)})
                 return web.Response(status=403, text=refusal)
             return await handler(request)
 

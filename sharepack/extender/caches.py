@@ -409,14 +409,16 @@ class ClusterView:
         return scorer
 
     def filter_nodes(
-        self, names: Sequence[str], request: PodRequest
+        self, names: Sequence[str], request: PodRequest, *, outside_tier: bool = True
     ) -> tuple[list[int], dict[str, str], dict[str, str]]:
         """Which of `names` can host `request`: (indexes of survivors, node -> why it cannot,
-        node -> why it never can). Unknown or stale nodes pass: correctness is the kubelet's."""
+        node -> why it never can). Unknown or stale nodes pass: correctness is the kubelet's.
+        `outside_tier` False leaves the nodes that fail only for being outside the tier out of
+        the reasons (the filter's reply names none when a node passes)."""
         now = self.wall_clock()  # one clock read per request; per node a float comparison
         ranks = self._kept_ranks(request, now)
         if ranks is not None:
-            answer = self._filter_ranked(names, request, ranks, now)
+            answer = self._filter_ranked(names, request, ranks, now, outside_tier)
             if answer is not None:
                 return answer
         return self._filter_by_node(names, request, now)
@@ -436,7 +438,7 @@ class ClusterView:
         return survivors, failed, unresolvable
 
     def _filter_ranked(
-        self, names: Sequence[str], request: PodRequest, ranks: BoundRanks, now: float
+        self, names: Sequence[str], request: PodRequest, ranks: BoundRanks, now: float, outside_tier: bool = True
     ) -> tuple[list[int], dict[str, str], dict[str, str]] | None:
         """`filter_nodes` from the GPU shape's kept ranking (`extender.tierranks`): the same
         answer as the node-by-node loops, in C but for the nodes the heap walk meets. None
@@ -470,11 +472,12 @@ class ClusterView:
                     high = set(above)
                     ordered = [n for n in ordered if n not in high]
                 chosen = (above + chosen + ordered)[:width]
-        reason = f"outside the best {width} node(s) by {self.node_policy} (--filter-tier-width)"
-        outside = dict.fromkeys(operator.itemgetter(*survivors)(names), reason)  # len(survivors) > width >= 1
-        for name in chosen:
-            del outside[name]
-        failed.update(outside)
+        if outside_tier:
+            reason = f"outside the best {width} node(s) by {self.node_policy} (--filter-tier-width)"
+            outside = dict.fromkeys(operator.itemgetter(*survivors)(names), reason)  # len(survivors) > width >= 1
+            for name in chosen:
+                del outside[name]
+            failed.update(outside)
         return sorted(map(names.index, chosen)), failed, unresolvable
 
     def _filter_each(

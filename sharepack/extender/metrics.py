@@ -176,6 +176,11 @@ class Metrics:
             "sharepack_extender_bind_refusals", "/bind requests refused, by the rule that failed (docs/security.md).",
             ["rule"], registry=r,
         )  # fmt: skip
+        self.connections = Counter(
+            "sharepack_extender_connections", "TLS connections to the verbs' port, by the protocol ALPN chose "
+            "(kube-scheduler's client takes h2 when offered: one connection for every call).",
+            ["protocol"], registry=r,
+        )  # fmt: skip
         for outcome in ("match", "mismatch"):
             self.predictions.labels(outcome)  # shown at 0 before the first one
         for result in ("success", "error"):
@@ -203,6 +208,9 @@ class Metrics:
 
     def bind_refused(self, rule: str) -> None:
         self.bind_refusals.labels(rule).inc()
+
+    def connection(self, protocol: str) -> None:
+        self.connections.labels(protocol).inc()
 
     def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         """A gauge read at scrape time; naming one again rebinds it (to the newest reader)."""

@@ -1,10 +1,13 @@
 """The extender's HTTP surface: thin handlers (decode -> common.scoring -> encode). /bind asks
 `extender.bindguard` first; filter and prioritize tell it which pod they scored.
 
+Each route is written once, as a function of the request body to a `Reply`; `app` serves them
+over HTTP/1.1 (aiohttp) and `respond` over HTTP/2 (`extender.http2`, which kube-scheduler's
+client picks when the TLS port offers it), with the same authorization and metrics.
+
 Status codes are mapped here, in one place: every scheduling outcome (feasible or not, unknown
 nodes, a pod we cannot read) is HTTP 200 with the answer in the body; HTTP 400 means the body
-could not be decoded as the verb's arguments; 413 a body over the size limit (aiohttp's own
-answer). A bug in a handler is still a 500, and is logged.
+could not be decoded as the verb's arguments; 413 a body over the size limit. A bug in a handler is still a 500, and is logged.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -19,8 +23,10 @@ from sharepack.common import podrequests
 from sharepack.common.podrequests import PodRequest
 from sharepack.extender import explaining, protocol
 from sharepack.extender.binding import Binder, BindError
+from sharepack.extender.authorizing import Authorizer
 from sharepack.extender.bindguard import BindGuard, Refusal
 from sharepack.extender.caches import ClusterView
+from sharepack.extender.http2 import Reply
 from sharepack.extender.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
@@ -39,6 +45,8 @@ def _prefixed(reasons: dict[str, str]) -> dict[str, str]:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Core = Callable[[bytes], Awaitable[Reply]]  # a verb: its request body -> its reply
+TIMED_VERBS = ("filter", "prioritize", "bind")  # the scheduler's, in the latency histogram
 
 
 class Extender:
@@ -52,8 +60,10 @@ class Extender:
         url_prefix: str = "",
         managed: podrequests.Managed | None = None,
         guard: BindGuard | None = None,
+        authorizer: Authorizer | None = None,  # who may call which route (the mutual-TLS port)
     ) -> None:
         self.view = view
+        self.authorizer = authorizer
         self.binder = binder
         self.guard = guard if guard is not None else BindGuard(view, managed=managed)
         self.metrics = metrics or view.metrics
@@ -78,13 +88,14 @@ class Extender:
     # -- wiring ----------------------------------------------------------------------------
 
     def app(self, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+        """The HTTP/1.1 app: every route of `respond`, through aiohttp."""
         app = web.Application(client_max_size=max_body_bytes)
         self._add_probes(app)
         p = self.url_prefix
-        app.router.add_post(f"{p}/filter", self._timed("filter", self.filter))
-        app.router.add_post(f"{p}/prioritize", self._timed("prioritize", self.prioritize))
-        app.router.add_post(f"{p}/bind", self._timed("bind", self.bind))
-        app.router.add_post(f"{p}/explain", self.explain)  # read-only, behind the same mTLS
+        for verb, core in self._verbs().items():
+            app.router.add_post(f"{p}/{verb}", self._aiohttp_verb(verb, core))
+        if self.authorizer is not None:
+            app.middlewares.append(self.authorizer.middleware())
         return app
 
     def probe_app(self) -> web.Application:
@@ -96,41 +107,87 @@ class Extender:
 
     def _add_probes(self, app: web.Application) -> None:
         app[EXTENDER] = self
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_text)
+        for path, core in self._probes().items():
+            app.router.add_get(path, self._aiohttp_probe(core))
 
-    def _timed(self, verb: str, handler: Handler) -> Handler:
-        observe = self.metrics.observe
-        clock = time.perf_counter
+    def _verbs(self) -> dict[str, Core]:
+        # /explain is read-only, behind the same mTLS, and not timed with the scheduler's verbs.
+        return {"filter": self.filter_reply, "prioritize": self.prioritize_reply, "bind": self.bind_reply,
+                "explain": self.explain_reply}  # fmt: skip
 
-        async def timed(request: web.Request) -> web.StreamResponse:
-            t0 = clock()
-            code = 500
+    def _probes(self) -> dict[str, Callable[[], Awaitable[Reply]]]:
+        return {"/healthz": self.healthz_reply, "/readyz": self.readyz_reply, "/metrics": self.metrics_reply}
+
+    def _aiohttp_verb(self, verb: str, core: Core) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            t0 = time.perf_counter()
             try:
-                response = await handler(request)
-                code = response.status
-                return response
+                body = await request.read()
             except web.HTTPException as e:  # 413 from the body size limit, among others
-                code = e.status
+                self._observe(verb, e.status, t0)
                 raise
-            except Exception:
-                log.exception("%s handler failed", verb)
-                raise
-            finally:
-                observe(verb, code, clock() - t0)
+            return _response(await self._call(verb, core, body, t0))
 
-        return timed
+        return handler
+
+    @staticmethod
+    def _aiohttp_probe(core: Callable[[], Awaitable[Reply]]) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return _response(await core())
+
+        return handler
+
+    async def respond(self, method: str, target: str, body: bytes | None, peercert: Any) -> Reply:
+        """Every route of `app` for `extender.http2`: the same verbs, probes, authorization
+        (`self.authorizer`, by the route's path) and metrics. `body` None: over the size limit."""
+        path = target.partition("?")[0]
+        t0 = time.perf_counter()
+        p = self.url_prefix
+        verb = path[len(p) + 1 :] if path.startswith(p + "/") else ""
+        core = self._verbs().get(verb)
+        if core is not None:
+            if method != "POST":
+                return _text(405, "405: Method Not Allowed")
+            if self.authorizer is not None:
+                refusal = self.authorizer.check(path, peercert, target)
+                if refusal is not None:
+                    return _text(403, refusal)
+            if body is None:
+                self._observe(verb, 413, t0)
+                return _text(413, "413: Request Entity Too Large")
+            return await self._call(verb, core, body, t0)
+        probe = self._probes().get(path)
+        if probe is None:
+            return _text(404, "404: Not Found")
+        if method not in ("GET", "HEAD"):
+            return _text(405, "405: Method Not Allowed")
+        return await probe()
+
+    async def _call(self, verb: str, core: Core, body: bytes, t0: float) -> Reply:
+        code = 500
+        try:
+            reply = await core(body)
+            code = reply.status
+            return reply
+        except Exception:
+            log.exception("%s handler failed", verb)
+            raise
+        finally:
+            self._observe(verb, code, t0)
+
+    def _observe(self, verb: str, code: int, t0: float) -> None:
+        if verb in TIMED_VERBS:
+            self.metrics.observe(verb, code, time.perf_counter() - t0)
 
     # -- verbs -----------------------------------------------------------------------------
 
     @staticmethod
-    def _json(body: bytes) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
+    def _json(body: bytes) -> Reply:
+        return Reply(200, body)
 
     @staticmethod
-    def _bad(e: Exception) -> web.Response:
-        return web.Response(status=400, text=str(e) + "\n")
+    def _bad(e: Exception) -> Reply:
+        return _text(400, str(e))
 
     def _request(self, args: protocol.ExtenderArgs, *, prioritizing: bool = False) -> PodRequest | None:
         request = args.request
@@ -140,9 +197,9 @@ class Extender:
         self.view.remember(request, prioritizing=prioritizing)
         return request
 
-    async def filter(self, request: web.Request) -> web.Response:
+    async def filter_reply(self, body: bytes) -> Reply:
         try:
-            args = protocol.decode_args(await request.read(), self.managed)
+            args = protocol.decode_args(body, self.managed)
         except protocol.DecodeError as e:
             return self._bad(e)
         pod = self._request(args)
@@ -153,7 +210,8 @@ class Extender:
         if pod.empty and not self.view.ranks_every_pod:
             self.guard.filtered(args.pod_uid, args.node_names, everyone)
             return self._json(protocol.encode_filter(args, everyone, {}, {}))
-        survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod)
+        # Reasons for nodes outside the tier only matter when none passes, and then none is.
+        survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod, outside_tier=False)
         self.guard.filtered(args.pod_uid, args.node_names, survivors)
         if survivors:
             # kube-scheduler reads the failed nodes' reasons only when no node passes (its "0/N
@@ -164,9 +222,9 @@ class Extender:
             return self._json(protocol.encode_filter(args, survivors, {}, {}))
         return self._json(protocol.encode_filter(args, survivors, _prefixed(failed), _prefixed(unresolvable)))
 
-    async def prioritize(self, request: web.Request) -> web.Response:
+    async def prioritize_reply(self, body: bytes) -> Reply:
         try:
-            args = protocol.decode_args(await request.read(), self.managed)
+            args = protocol.decode_args(body, self.managed)
         except protocol.DecodeError as e:
             return self._bad(e)
         pod = self._request(args, prioritizing=True)
@@ -176,9 +234,9 @@ class Extender:
             return self._json(protocol.join_priorities(()))  # every node 0: none named
         return self._json(protocol.join_priorities(self.view.host_priorities(names, pod)))
 
-    async def bind(self, request: web.Request) -> web.Response:
+    async def bind_reply(self, body: bytes) -> Reply:
         try:
-            args = protocol.decode_binding(await request.read())
+            args = protocol.decode_binding(body)
         except protocol.DecodeError as e:
             return self._bad(e)
         m = self.metrics
@@ -231,10 +289,10 @@ class Extender:
         if discard is not None:
             await discard(args)
 
-    async def explain(self, request: web.Request) -> web.Response:
+    async def explain_reply(self, body: bytes) -> Reply:
         """Read-only: each node's filter verdict and score for the pod (sharepack/extender/explaining.py)."""
         try:
-            args = protocol.decode_args(await request.read(), self.managed)
+            args = protocol.decode_args(body, self.managed)
         except protocol.DecodeError as e:
             return self._bad(e)
         pod = self.view.relevant(args.request) if args.request is not None else None
@@ -243,16 +301,24 @@ class Extender:
 
     # -- health ----------------------------------------------------------------------------
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    async def healthz_reply(self) -> Reply:
+        return _text(200, "ok")
 
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def readyz_reply(self) -> Reply:
         if self.ready():
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text="caches not synced\n")
+            return _text(200, "ok")
+        return _text(503, "caches not synced")
 
-    async def metrics_text(self, request: web.Request) -> web.Response:
-        return web.Response(body=await self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    async def metrics_reply(self) -> Reply:
+        return Reply(200, await self.metrics.render(), CONTENT_TYPE)
+
+
+def _text(status: int, text: str) -> Reply:
+    return Reply(status, (text.rstrip("\n") + "\n").encode(), "text/plain; charset=utf-8")
+
+
+def _response(reply: Reply) -> web.Response:
+    return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type})
 
 
 EXTENDER = web.AppKey("extender", Extender)

@@ -67,4 +67,9 @@ async def test_published_states_match_the_allocation_of_the_pods_kube_scheduler_
             await asyncio.sleep(0.2)
         assert m.get('sharepack_extender_predictions_total{outcome="mismatch"}') == 0
         assert m.get('sharepack_extender_predictions_total{outcome="match"}') == 30
+        # kube-scheduler's Go client took the HTTP/2 the extender offers (extender.http2): its
+        # 30 filters and 30 binds came on one connection, not a handshake per burst of binds.
+        assert m.get('sharepack_extender_connections_total{protocol="h2"}', 0) >= 1
+        assert m.get('sharepack_extender_connections_total{protocol="http/1.1"}', 0) == 0
+        assert m.get("sharepack_extender_tls_handshakes", 0) <= 3
         await cluster.stop_scheduler()

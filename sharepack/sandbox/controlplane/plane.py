@@ -402,14 +402,15 @@ class RealControlPlane:
 
     async def start_scheduler(
         self, extender_url: str, *, tls: Mapping[str, str] | None = None, source: Path = SCHEDULER_CONFIG,
-        serve_metrics: bool = False,
+        serve_metrics: bool = False, env: Mapping[str, str] | None = None,
     ) -> None:  # fmt: skip
         """kube-scheduler configured by `source` (deploy/scheduler/kube-scheduler-config.yaml),
         calling the extender at `extender_url`; returns once it holds its leader lease.
 
         `serve_metrics`: serve /metrics (and the health paths) on a loopback HTTPS port,
         `scheduler_metrics_url`, to anyone: no delegated authentication or authorization
-        lookups (there is nothing here to delegate to); otherwise no port at all."""
+        lookups (there is nothing here to delegate to); otherwise no port at all. `env`: added to
+        its environment (`DISABLE_HTTP2=1` makes its clients speak HTTP/1.1 only)."""
         kubeconfig = self.client_kubeconfig("scheduler", SCHEDULER_USER)
         config = self.workdir / "kube-scheduler-config.yaml"
         config.write_text(yaml.safe_dump(scheduler_config(extender_url, kubeconfig, tls=tls, source=source), sort_keys=False))
@@ -427,6 +428,7 @@ class RealControlPlane:
         self.scheduler = LoggedProcess(
             [str(self.binaries.path("kube-scheduler")), f"--config={config}", *serving, "--v=2"],
             self.workdir / "kube-scheduler.log",
+            env=env,
         )
         await self.scheduler.start()
         await self._wait_leader(self.scheduler)

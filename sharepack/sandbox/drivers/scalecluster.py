@@ -345,11 +345,12 @@ class ScaleCluster(Stack):
     # -- kube-scheduler ------------------------------------------------------------------------
 
     async def start_scheduler(
-        self, *, with_extender: bool, client_qps: int = 0, plugin_config: Sequence[Mapping[str, Any]] = ()
+        self, *, with_extender: bool, client_qps: int = 0, plugin_config: Sequence[Mapping[str, Any]] = (),
+        env: Mapping[str, str] | None = None,
     ) -> int:
         """kube-scheduler as deploy/ configures it, or without its extenders stanza
-        (`scheduler_config`), with `plugin_config` as its profile's pluginConfig when given;
-        its pid."""
+        (`scheduler_config`), with `plugin_config` as its profile's pluginConfig when given and
+        `env` added to its environment; its pid."""
         assert self.control is not None
         source = self.workdir / f"kube-scheduler-{'with' if with_extender else 'without'}-extender.yaml"
         doc = scheduler_config(with_extender=with_extender, client_qps=client_qps)
@@ -357,7 +358,7 @@ class ScaleCluster(Stack):
             doc["profiles"][0]["pluginConfig"] = [dict(p) for p in plugin_config]
         source.write_text(yaml.safe_dump(doc, sort_keys=False))
         tls = self.tls.scheduler_tls_config() if self.tls is not None else None
-        await self.control.start_scheduler(self.extender_url, tls=tls, source=source, serve_metrics=True)
+        await self.control.start_scheduler(self.extender_url, tls=tls, source=source, serve_metrics=True, env=env)
         assert self.control.scheduler is not None and self.control.scheduler.proc is not None
         return self.control.scheduler.proc.pid
 
