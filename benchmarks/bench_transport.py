@@ -6,7 +6,7 @@ A server process serves the extender's TLS port as `sharepack-extender` does (it
 mutual TLS with the sandbox's ECDSA certificates, ALPN h2 and http/1.1, `extender.http2.AlpnServer`
 in front of an aiohttp app), with a handler that returns a fixed filter reply, so what is
 measured is the transport: TLS, HTTP parsing and framing, the event loop. A client process sends
-the bodies kube-scheduler sends (a filter's 1,000 node names; a bind's names) and reads the
+the bodies kube-scheduler sends (a filter's `--nodes` node names, 1,000 by default; a bind's names) and reads the
 server's CPU from /proc before and after. Per event loop (asyncio, as the extender runs; and
 uvloop where it is installed, `pip install uvloop`, for comparison) and way of calling:
 
@@ -16,7 +16,7 @@ uvloop where it is installed, `pip install uvloop`, for comparison) and way of c
 * HTTP/2: one connection, one request at a time, and 5 at a time (concurrent binds).
 
 The loops alternate, `--rounds` times, so load elsewhere on the machine hits both alike; the
-median of the rounds is printed, then the transport's CPU per pod at 1,000 nodes for the ways
+median of the rounds is printed, then the transport's CPU per pod at `--nodes` nodes for the ways
 kube-scheduler can call (1 filter + 0.875 binds per pod, the trace's GPU share; over HTTP/1.1
 also `--handshakes-per-pod`, 0.5 as bench_scheduler.py counts them), and the ratios.
 """
@@ -47,7 +47,10 @@ from sharepack.sandbox.controlplane.certificates import TlsFiles, write_tls_file
 from tests.extender.h2client import H2Client  # noqa: E402
 
 REPLY = orjson.dumps({"NodeNames": ["node-00001"], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""})
-FILTER_BODY = orjson.dumps({"Pod": {}, "Nodes": None, "NodeNames": [f"node-{i:05d}" for i in range(1000)]})
+
+def filter_body(nodes: int) -> bytes:
+    return orjson.dumps({"Pod": {}, "Nodes": None, "NodeNames": [f"node-{i:05d}" for i in range(nodes)]})
+
 BIND_BODY = orjson.dumps({"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": "node-00001"})
 EVENT_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
 try:
@@ -137,9 +140,9 @@ async def h2(port: int, files: TlsFiles, body: bytes, n: int, pid: int, *, concu
 WAYS = ("http/1.1 keep-alive", "http/1.1 new connection", "h2", "h2 x5")
 
 
-async def measure(port: int, files: TlsFiles, pid: int, n: int) -> dict[tuple[str, str], float]:
+async def measure(port: int, files: TlsFiles, pid: int, n: int, nodes: int) -> dict[tuple[str, str], float]:
     out = {}
-    for name, body in (("filter", FILTER_BODY), ("bind", BIND_BODY)):
+    for name, body in (("filter", filter_body(nodes)), ("bind", BIND_BODY)):
         out[(name, WAYS[0])] = await http1(port, files, body, n, pid, fresh=False)
         out[(name, WAYS[1])] = await http1(port, files, body, max(n // 5, 50), pid, fresh=True)
         out[(name, WAYS[2])] = await h2(port, files, body, n, pid, concurrent=1)
@@ -152,6 +155,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2000, help="requests per measurement (a fifth with new connections)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--handshakes-per-pod", type=float, default=0.5)
+    p.add_argument("--nodes", type=int, default=1000, help="node names in the filter's body (kube-scheduler sends every candidate)")
     p.add_argument("--serve", nargs=3, metavar=("PORT", "LOOP", "DIR"), help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.serve:
@@ -177,7 +181,7 @@ def main() -> None:
                                 raise
                             time.sleep(0.2)
                     print(f"round {r + 1}/{opts.rounds}: {loop}", file=sys.stderr, flush=True)
-                    for (verb, way), s in asyncio.run(measure(port, files, proc.pid, opts.requests)).items():
+                    for (verb, way), s in asyncio.run(measure(port, files, proc.pid, opts.requests, opts.nodes)).items():
                         samples.setdefault((loop, verb, way), []).append(s)
                 finally:
                     proc.kill()
@@ -188,7 +192,7 @@ def main() -> None:
     for loop in EVENT_LOOPS:
         for verb in ("filter", "bind"):
             print(f"{loop:8s} {verb:7s} " + " ".join(f"{med[(loop, verb, w)]:24.3f}" for w in WAYS))
-    print(f"transport CPU per pod at 1,000 nodes (1 filter + {BINDS_PER_POD} binds; "
+    print(f"transport CPU per pod at {opts.nodes} nodes (1 filter + {BINDS_PER_POD} binds; "
           f"HTTP/1.1 with {opts.handshakes_per_pod} handshakes per pod):")  # fmt: skip
     per_pod = {}
     for loop in EVENT_LOOPS:

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 ALPN_PROTOCOLS = ("h2", "http/1.1")
 MAX_STREAMS = 128
-IDLE_TIMEOUT_S = 75.0  # aiohttp's keep-alive default for HTTP/1.1
+IDLE_TIMEOUT_S = 75.0
+MAX_FRAME_BYTES = 1 << 20  # aiohttp's keep-alive default for HTTP/1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +108,17 @@ class H2Connection(asyncio.Protocol):
         self._peercert = transport.get_extra_info("peercert")
         if self._registry is not None:
             self._registry.live.add(self)
-        self._conn.initiate_connection()
-        self._conn.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS})
+        conn = self._conn
+        conn.initiate_connection()
+        conn.update_settings({
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+            # A filter's body at 5,000 nodes is 0.2 MiB: in one frame, with windows that let the
+            # client send it whole, rather than 16 KiB frames waiting on window updates, each a
+            # round of the library's pure-Python frame handling (0.64 against 0.25 ms per filter).
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_BYTES,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: self._max_body,
+        })  # fmt: skip
+        conn.increment_flow_control_window(2 * self._max_body)  # the buffer cap, `_on_event`
         self._flush()
         self._arm_idle()
 

@@ -227,7 +227,7 @@ async def test_shutdown_lets_a_request_in_flight_finish() -> None:
     client = await H2Client.connect(int(server.sockets[0].getsockname()[1]))
     try:
         pending = asyncio.ensure_future(client.request("POST", "/bind", b"{}"))
-        while not any(c._tasks for c in live.live):
+        while not any(c.in_flight() for c in live.live):
             await asyncio.sleep(0.01)
         stopping = asyncio.ensure_future(live.shutdown(10))
         await asyncio.sleep(0.1)
