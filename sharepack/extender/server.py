@@ -7,7 +7,8 @@ client picks when the TLS port offers it), with the same authorization and metri
 
 Status codes are mapped here, in one place: every scheduling outcome (feasible or not, unknown
 nodes, a pod we cannot read) is HTTP 200 with the answer in the body; HTTP 400 means the body
-could not be decoded as the verb's arguments; 413 a body over the size limit. A bug in a handler is still a 500, and is logged.
+could not be decoded as the verb's arguments; 413 a body over the size limit. A bug in a handler
+is still a 500, and is logged.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from aiohttp import web
 from sharepack.common import podrequests
 from sharepack.common.podrequests import PodRequest
 from sharepack.extender import explaining, protocol
-from sharepack.extender.binding import Binder, BindError
 from sharepack.extender.authorizing import Authorizer
+from sharepack.extender.binding import Binder, BindError
 from sharepack.extender.bindguard import BindGuard, Refusal
 from sharepack.extender.caches import ClusterView
 from sharepack.extender.http2 import Reply
@@ -64,6 +65,12 @@ class Extender:
     ) -> None:
         self.view = view
         self.authorizer = authorizer
+        # /explain is read-only, behind the same mTLS, and not timed with the scheduler's verbs.
+        self._verbs: dict[str, Core] = {"filter": self.filter_reply, "prioritize": self.prioritize_reply,
+                                        "bind": self.bind_reply, "explain": self.explain_reply}  # fmt: skip
+        self._probes: dict[str, Callable[[], Awaitable[Reply]]] = {
+            "/healthz": self.healthz_reply, "/readyz": self.readyz_reply, "/metrics": self.metrics_reply,
+        }  # fmt: skip
         self.binder = binder
         self.guard = guard if guard is not None else BindGuard(view, managed=managed)
         self.metrics = metrics or view.metrics
@@ -92,7 +99,7 @@ class Extender:
         app = web.Application(client_max_size=max_body_bytes)
         self._add_probes(app)
         p = self.url_prefix
-        for verb, core in self._verbs().items():
+        for verb, core in self._verbs.items():
             app.router.add_post(f"{p}/{verb}", self._aiohttp_verb(verb, core))
         if self.authorizer is not None:
             app.middlewares.append(self.authorizer.middleware())
@@ -107,16 +114,8 @@ class Extender:
 
     def _add_probes(self, app: web.Application) -> None:
         app[EXTENDER] = self
-        for path, core in self._probes().items():
+        for path, core in self._probes.items():
             app.router.add_get(path, self._aiohttp_probe(core))
-
-    def _verbs(self) -> dict[str, Core]:
-        # /explain is read-only, behind the same mTLS, and not timed with the scheduler's verbs.
-        return {"filter": self.filter_reply, "prioritize": self.prioritize_reply, "bind": self.bind_reply,
-                "explain": self.explain_reply}  # fmt: skip
-
-    def _probes(self) -> dict[str, Callable[[], Awaitable[Reply]]]:
-        return {"/healthz": self.healthz_reply, "/readyz": self.readyz_reply, "/metrics": self.metrics_reply}
 
     def _aiohttp_verb(self, verb: str, core: Core) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -144,7 +143,7 @@ class Extender:
         t0 = time.perf_counter()
         p = self.url_prefix
         verb = path[len(p) + 1 :] if path.startswith(p + "/") else ""
-        core = self._verbs().get(verb)
+        core = self._verbs.get(verb)
         if core is not None:
             if method != "POST":
                 return _text(405, "405: Method Not Allowed")
@@ -156,10 +155,10 @@ class Extender:
                 self._observe(verb, 413, t0)
                 return _text(413, "413: Request Entity Too Large")
             return await self._call(verb, core, body, t0)
-        probe = self._probes().get(path)
+        probe = self._probes.get(path)
         if probe is None:
             return _text(404, "404: Not Found")
-        if method not in ("GET", "HEAD"):
+        if method != "GET":
             return _text(405, "405: Method Not Allowed")
         return await probe()
 
