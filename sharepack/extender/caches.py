@@ -44,10 +44,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import operator
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -421,10 +420,10 @@ class ClusterView:
             answer = self._filter_ranked(names, request, ranks, now, outside_tier)
             if answer is not None:
                 return answer
-        return self._filter_by_node(names, request, now)
+        return self._filter_by_node(names, request, now, outside_tier)
 
     def _filter_by_node(
-        self, names: Sequence[str], request: PodRequest, now: float
+        self, names: Sequence[str], request: PodRequest, now: float, outside_tier: bool = True
     ) -> tuple[list[int], dict[str, str], dict[str, str]]:
         """`filter_nodes` without the kept ranking: the shape's kept answers (or every node's
         verdict), then every survivor ranked for the tier (`_best_tier`)."""
@@ -434,7 +433,7 @@ class ClusterView:
         else:
             survivors, failed, unresolvable = self._filter_each(names, request, now)
         if 0 < self.tier_width < len(survivors):
-            survivors = self._best_tier(names, survivors, request, now, failed)
+            survivors = self._best_tier(names, survivors, request, now, failed if outside_tier else None)
         return survivors, failed, unresolvable
 
     def _filter_ranked(
@@ -473,11 +472,8 @@ class ClusterView:
                     ordered = [n for n in ordered if n not in high]
                 chosen = (above + chosen + ordered)[:width]
         if outside_tier:
-            reason = f"outside the best {width} node(s) by {self.node_policy} (--filter-tier-width)"
-            outside = dict.fromkeys(operator.itemgetter(*survivors)(names), reason)  # len(survivors) > width >= 1
-            for name in chosen:
-                del outside[name]
-            failed.update(outside)
+            kept = set(chosen)
+            self._fail_outside_tier(failed, (names[i] for i in survivors if names[i] not in kept))
         return sorted(map(names.index, chosen)), failed, unresolvable
 
     def _filter_each(
@@ -505,14 +501,15 @@ class ClusterView:
         return survivors, failed, unresolvable
 
     def _best_tier(
-        self, names: Sequence[str], survivors: list[int], request: PodRequest, now: float, failed: dict[str, str]
+        self, names: Sequence[str], survivors: list[int], request: PodRequest, now: float,
+        failed: dict[str, str] | None,
     ) -> list[int]:
         """The best `tier_width` survivors by the node policy's fine rank, ties by
         `scoring.tie_key` (a hash of the node's name);
         unknown and stale nodes rank below every known one. The scheduler picks at random among
         its best totals: passing it only our best is what makes the choice ours. The others
         fail with a reason that says so (they could run the pod; preemption never sees them,
-        since a survivor remains)."""
+        since a survivor remains); `failed` None: no reasons wanted."""
         entries = []
         for i in survivors:
             scorer = self.scorers.get(names[i])
@@ -520,12 +517,15 @@ class ClusterView:
             rank = scorer.verdict(request).rank if scorer is not None and known else self._unknown_rank(names[i], request)
             entries.append((rank, scoring.tie_key(names[i])))
         keep = [survivors[k] for k in scoring.best_tier(entries, self.tier_width)]
-        kept = set(keep)
-        reason = f"outside the best {self.tier_width} node(s) by {self.node_policy} (--filter-tier-width)"
-        for i in survivors:
-            if i not in kept:
-                failed[names[i]] = reason
+        if failed is not None:
+            kept = set(keep)
+            self._fail_outside_tier(failed, (names[i] for i in survivors if i not in kept))
         return keep
+
+    def _fail_outside_tier(self, failed: dict[str, str], outside: Iterable[str]) -> None:
+        """Nodes that could host the pod but are not among the tier's best fail with this reason."""
+        failed.update(dict.fromkeys(outside, f"outside the best {self.tier_width} node(s) by {self.node_policy} "
+                                             "(--filter-tier-width)"))  # fmt: skip
 
     def _unknown_rank(self, name: str, request: PodRequest) -> float:
         """A node without a usable state ranks below every known one, except for a pod that

@@ -224,7 +224,7 @@ class H2Connection(asyncio.Protocol):
                 self._done(stream_id)
         except h2.exceptions.H2Error as e:  # the client reset or closed it meanwhile
             log.debug("HTTP/2 stream %d: reply not sent: %s", stream_id, e)
-            self._streams.pop(stream_id, None)
+            self._done(stream_id)
         self._flush()
 
     def _send_stream(self, stream_id: int, s: _Stream) -> None:
@@ -249,7 +249,7 @@ class H2Connection(asyncio.Protocol):
                     self._send_stream(i, s)
                 except h2.exceptions.H2Error as e:
                     log.debug("HTTP/2 stream %d: reply not sent: %s", i, e)
-                    self._streams.pop(i, None)
+                    self._done(i)
 
     def _done(self, stream_id: int) -> None:
         self._streams.pop(stream_id, None)

@@ -139,6 +139,21 @@ async def echo(method: str, path: str, body: bytes | None, peercert: Any) -> Rep
     return Reply(200, orjson.dumps({"method": method, "path": path, "size": len(body)}))
 
 
+async def test_the_settings_bound_streams_and_open_the_windows_to_the_body_limit() -> None:
+    """At most 128 requests in flight; a large filter body in one frame, sent whole."""
+    server, port = await serve_h2(echo, max_body=1 << 20)
+    client = await H2Client.connect(port)
+    try:
+        assert (await client.request("GET", "/a")).status == 200  # our SETTINGS have arrived by now
+        remote = client.conn.remote_settings
+        assert (remote.max_concurrent_streams, remote.max_frame_size, remote.initial_window_size) == (
+            http2.MAX_STREAMS, http2.MAX_FRAME_BYTES, 1 << 20)  # fmt: skip
+        assert client.conn.outbound_flow_control_window >= 2 << 20  # the connection's window opened too
+    finally:
+        await client.close()
+        server.close()
+
+
 async def test_a_body_over_the_limit_is_answered_413_and_the_connection_goes_on() -> None:
     server, port = await serve_h2(echo, max_body=1024)
     client = await H2Client.connect(port)
