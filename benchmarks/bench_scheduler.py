@@ -44,7 +44,9 @@ Per pair, the ratio is with / without; the figures reported are medians over the
 per phase: the extender's CPU-ms per pod created and kube-scheduler's algorithm-duration mean.
 
 `--extender-profile FILE` runs the extender under cProfile (slower: for where the time goes,
-not for the ratio). The last line is always
+not for the ratio). `--watch-floor` also runs benchmarks/watch_floor.py beside the extender: the
+same watches with the same client, decoded and counted only, whose CPU per pod per phase is what
+receiving them costs before any handler runs. The last line is always
 
     scheduler throughput at N nodes: with extender X pods/s, without Y pods/s, ratio R
 
@@ -75,6 +77,7 @@ from sharepack.sandbox.kubelet import fleet
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable
 from sharepack.extender import directing
 from sharepack.sandbox.drivers.scalecluster import ScaleCluster, cpu_seconds, gpu_pod, histogram
+from sharepack.sandbox.processes import LoggedProcess
 from sharepack.tracesim import traces
 
 RESOURCE = "nvidia.com/gpu.shared"
@@ -107,10 +110,12 @@ def pod_mix(count: int, replicas: int, seed: int = SEED, prefix: str = "pod") ->
 
 async def phase(
     cluster: ScaleCluster, name: str, with_extender: bool, pods: list[dict[str, Any]], client_qps: int,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, floor: LoggedProcess | None = None,
 ) -> dict[str, Any]:
     assert cluster.extender is not None and cluster.extender.proc is not None
     extender_pid = cluster.extender.proc.pid
+    floor_pid = floor.proc.pid if floor is not None and floor.proc is not None else None
+    floor_before = cpu_seconds(floor_pid) if floor_pid else 0.0
     scheduler_pid = await cluster.start_scheduler(with_extender=with_extender, client_qps=client_qps, env=env)
     cluster.say(f"[{name}] kube-scheduler leads; creating {len(pods)} pods")
     extender_before = await cluster.extender_metrics()
@@ -130,6 +135,7 @@ async def phase(
     if scheduler is not None and scheduler.proc is not None and scheduler.proc.pid != scheduler_pid:
         scheduler_pid, cpu_before = scheduler.proc.pid, (cpu_before[0], 0.0)
     cpu_after = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
+    floor_cpu_s = cpu_seconds(floor_pid) - floor_before if floor_pid else None
     restarts = (cluster.control.scheduler_restarts if cluster.control is not None else 0) - restarts
     sched = await cluster.scheduler_metrics()
     extender_after = await cluster.extender_metrics()
@@ -149,6 +155,7 @@ async def phase(
         "extender_cpu_s": round(cpu_after[0] - cpu_before[0], 2),
         "extender_cpu_ms_per_pod": round((cpu_after[0] - cpu_before[0]) * 1000 / len(pods), 2),
         "scheduler_cpu_s": round(cpu_after[1] - cpu_before[1], 2),
+        "watch_floor_cpu_ms_per_pod": round(floor_cpu_s * 1000 / len(pods), 2) if floor_cpu_s is not None else None,
         "tls_handshakes": int(handshakes),
         "bind_node_lists": int(lists),
         "scheduler_restarts": restarts,
@@ -179,6 +186,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "nodes": args.nodes, "extender_args": args.extender_arg, "tls": not args.insecure_http,
             "setup_s": {k: round(v, 1) for k, v in cluster.timings.items()}, "pairs": [],
         }  # fmt: skip
+        floor = await start_watch_floor(cluster) if args.watch_floor else None
         foreign_until = 0.0  # monotonic: until then the extender takes another binder to be about
         phases = phases_of(args)
         results["phases"] = [name for name, _ in phases]
@@ -196,13 +204,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                 "(directing.SHARED_S)")  # fmt: skip
                     await asyncio.sleep(wait)
                 env = HTTP1_ENV if name == HTTP1[0] else None
-                pair[name] = await phase(cluster, f"{name} {i + 1}/{args.pairs}", with_extender, pods, args.client_qps, env)
+                pair[name] = await phase(
+                    cluster, f"{name} {i + 1}/{args.pairs}", with_extender, pods, args.client_qps, env, floor
+                )
                 if not with_extender:
                     foreign_until = time.monotonic() + directing.SHARED_S
             results["pairs"].append(pair)
             if args.out:  # each pair as it completes: a run cut short keeps what it measured
                 args.out.write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+async def start_watch_floor(cluster: ScaleCluster) -> LoggedProcess:
+    """benchmarks/watch_floor.py with the extender's credentials, once its first lists are in;
+    stopped with the cluster."""
+    assert cluster.extender_kubeconfig is not None
+    log = cluster.workdir / "watch-floor.log"
+    floor = LoggedProcess(
+        [sys.executable, str(Path(__file__).with_name("watch_floor.py")), f"--kubeconfig={cluster.extender_kubeconfig}"], log
+    )
+    await floor.start()
+    cluster.on_close(floor.stop)
+    deadline = time.monotonic() + 120
+    while "synced" not in floor.log_tail(4000):
+        if floor.exited or time.monotonic() > deadline:
+            raise ControlPlaneUnavailable(f"watch_floor.py did not sync: {floor.log_tail(800)}")
+        await asyncio.sleep(0.2)
+    cluster.say("watch floor (the extender's watches, handlers counting only) synced")
+    return floor
 
 
 def phases_of(args: argparse.Namespace) -> tuple[tuple[str, bool], ...]:
@@ -235,6 +264,9 @@ def report(results: dict[str, Any]) -> str:
                     lines.append(f"          extender {verb} (its histogram): {r[f'extender_{verb}']}")
                 lines.append(f"          TLS handshakes on the extender: {r['tls_handshakes']}; binds that listed "
                              f"their node's pods: {r.get('bind_node_lists', 0)}")
+            if r.get("watch_floor_cpu_ms_per_pod") is not None:
+                lines.append(f"          watch floor (the extender's watches alone, decoded and counted): "
+                             f"{r['watch_floor_cpu_ms_per_pod']} CPU-ms per pod")
         w, wo = pair["with"], pair["without"]
         ratios.append(w["pods_per_s"] / wo["pods_per_s"] if wo["pods_per_s"] else 0.0)
         lines.append(f"pair {i + 1}: ratio {ratios[-1]:.2f}")
@@ -243,12 +275,15 @@ def report(results: dict[str, Any]) -> str:
         runs = [pair[name] for pair in results["pairs"]]
         medians[name] = {
             key: _median([r[key] for r in runs if r[key] is not None])
-            for key in ("pods_per_s", "extender_cpu_ms_per_pod", "scheduler_algorithm_mean_ms", "scheduler_cpu_s")
-        }
+            for key in ("pods_per_s", "extender_cpu_ms_per_pod", "scheduler_algorithm_mean_ms", "scheduler_cpu_s",
+                        "watch_floor_cpu_ms_per_pod")
+            if any(r.get(key) is not None for r in runs)
+        }  # fmt: skip
         m = medians[name]
         lines.append(
             f"median {name:>7} extender: {m['pods_per_s']:.1f} pods/s; extender CPU {m['extender_cpu_ms_per_pod']:.2f} ms "
             f"per pod; kube-scheduler algorithm mean {m['scheduler_algorithm_mean_ms']:.2f} ms, CPU {m['scheduler_cpu_s']:.2f} s"
+            + (f"; watch floor {m['watch_floor_cpu_ms_per_pod']:.2f} ms per pod" if "watch_floor_cpu_ms_per_pod" in m else "")
         )
     results["medians"] = medians
     w_alg, wo_alg = medians["with"]["scheduler_algorithm_mean_ms"], medians["without"]["scheduler_algorithm_mean_ms"]
@@ -302,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="add a phase per pair, after the with phase: kube-scheduler calling the same "
                         "extender over HTTP/1.1 (DISABLE_HTTP2=1), as before the extender offered HTTP/2")  # fmt: skip
     p.add_argument("--extender-profile", type=Path, help="run the extender under cProfile, stats to this file")
+    p.add_argument("--watch-floor", action="store_true",
+                   help="also run benchmarks/watch_floor.py (the extender's watches, nothing done with them) "
+                        "and report its CPU per pod per phase")  # fmt: skip
     args = p.parse_args(argv)
     if args.nodes < 1 or args.pods < 1 or args.pairs < 1:
         p.error(f"--nodes, --pods and --pairs must be at least 1, got {args.nodes}, {args.pods} and {args.pairs}")

@@ -24,8 +24,9 @@ a CPU-only pod strands nothing there, so the filter's tier ranks them first for 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sharepack.common import gpumodels, noderoom
@@ -59,6 +60,7 @@ class NodeResources:
         self.pods: dict[str, tuple[str, int, int]] = {}  # pod UID -> (node, milli-CPU, MiB)
         self.requested: dict[str, list[int]] = {}  # node -> [milli-CPU, MiB] of its pods
         self.on_change: Callable[[str], None] | None = None
+        self._deferred: dict[str, None] | None = None  # nodes changed while `deferred`, in order
 
     def room(self, node: str) -> tuple[int, int] | None:
         """(milli-CPU, MiB) the node has left for pods; None when its allocatable is unknown."""
@@ -77,8 +79,27 @@ class NodeResources:
         return node in self.allocatable and node not in self.gpu_nodes
 
     def _changed(self, node: str) -> None:
-        if self.on_change is not None:
+        if self._deferred is not None:
+            self._deferred[node] = None
+        elif self.on_change is not None:
             self.on_change(node)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Tell `on_change` of the nodes changed inside once each, at the end: a pod event
+        changes a node's room here and its GPUs in `ClusterView`, whose rebuild of the node
+        then already has the new room (`ClusterView.refresh_node` skips a scorer that does).
+        Synchronous code only: an await inside would defer other tasks' changes too."""
+        if self._deferred is not None:  # nested: the outer one tells
+            yield
+            return
+        self._deferred = {}
+        try:
+            yield
+        finally:
+            changed, self._deferred = self._deferred, None
+            for node in changed:
+                self._changed(node)
 
     # -- Nodes ------------------------------------------------------------------------------
 
@@ -148,8 +169,9 @@ class NodeResources:
         if isinstance(obj, Mapping):
             self.forget(str(_meta(obj).get("uid", "")))
 
-    def assume(self, uid: str, node: str, cpu: int, memory: int) -> None:
-        """Count the pod on `node` (idempotent: a later event for it replaces the count)."""
+    def assume(self, uid: str, node: str, cpu: int, memory: int, *, notify: bool = True) -> None:
+        """Count the pod on `node` (idempotent: a later event for it replaces the count);
+        `notify` False: `on_change` is not told (the caller rebuilds the node itself)."""
         old = self.pods.get(uid)
         if old == (node, cpu, memory):
             return
@@ -160,7 +182,8 @@ class NodeResources:
         self._count(entry, 1)
         if old is not None and old[0] != node:
             self._changed(old[0])
-        self._changed(node)
+        if notify:
+            self._changed(node)
 
     def forget(self, uid: str) -> None:
         old = self.pods.pop(uid, None)
@@ -191,10 +214,13 @@ def pod_handler(resources: NodeResources, inner: Callable[[str, Any], None]) -> 
     """The pod watch's handler counting pods here too, then `inner` (the GPU caches')."""
 
     def on_event(kind: str, obj: Any) -> None:
-        if kind == "DELETED":
-            resources.delete_pod(obj)
-        else:
-            resources.upsert_pod(obj)
-        inner(kind, obj)
+        # One rebuild of the pod's node for both: the room changes first (so `inner`'s rebuild,
+        # when it makes one, has it) and `on_change` is told last, when nothing is left to do.
+        with resources.deferred():
+            if kind == "DELETED":
+                resources.delete_pod(obj)
+            else:
+                resources.upsert_pod(obj)
+            inner(kind, obj)
 
     return on_event

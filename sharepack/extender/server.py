@@ -210,7 +210,7 @@ class Extender:
             self.guard.filtered(args.pod_uid, args.node_names, everyone)
             return self._json(protocol.encode_filter(args, everyone, {}, {}))
         # Reasons for nodes outside the tier only matter when none passes, and then none is.
-        survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod, outside_tier=False)
+        survivors, failed, unresolvable = self.view.filter_nodes(args.node_names, pod, all_reasons=False)
         self.guard.filtered(args.pod_uid, args.node_names, survivors)
         if survivors:
             # kube-scheduler reads the failed nodes' reasons only when no node passes (its "0/N
@@ -268,7 +268,9 @@ class Extender:
         if not counts_itself and not verdict.request.empty and uid not in self.view.assumed:
             self.view.assume(uid, args.node, verdict.request)
             assumed_now = uid in self.view.assumed
-        self.view.count_resources(uid, args.node, verdict.request)  # its CPU and memory, any pod
+        # Its CPU and memory, any pod; a directing binder directs its GPUs with the room as
+        # the filter saw it (before the pod), and the node is rebuilt once for both.
+        self.view.count_resources(uid, args.node, verdict.request, deferred=counts_itself)
         try:
             await self.binder.bind(args)
         except BindError as e:
@@ -278,6 +280,8 @@ class Extender:
             m.bind(False)
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
+        finally:
+            self.view.settle_room(args.node)  # where the binder rebuilt nothing (it directed nothing)
         m.bind(True)
         if not verdict.request.empty:
             self.view.assume(uid, args.node, verdict.request)  # a no-op when counted already

@@ -125,6 +125,27 @@ def test_a_counted_pods_status_updates_are_not_decoded_and_its_end_still_is(monk
     assert allocated(view, "node-a") == [1, 0]
 
 
+def test_the_binding_of_a_pod_this_view_assumed_there_is_not_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extender's own binds: counted at bind (`assume`), so the pod watch's first sight of
+    them bound needs no decoding either, unless they are bound elsewhere or finished."""
+    from sharepack.common import podrequests
+    from sharepack.extender import caches
+
+    one = podrequests.decode_pod_request(pod_obj("p1", ""))
+    decoded: list[str] = []
+    decode = podrequests.decode_pod
+    monkeypatch.setattr(caches.podrequests, "decode_pod", lambda obj, *a: (decoded.append(obj["metadata"]["uid"]), decode(obj, *a))[1])
+    view = make()
+    view.assume("p1", "node-a", one)
+    view.assume("p2", "node-a", one)
+    view.upsert_pod(pod_obj("p1", "node-a", phase="Pending"))
+    assert decoded == [] and view.pods["p1"] == "node-a" and view.assumed["p1"].node == "node-a"
+    view.upsert_pod(pod_obj("p2", "node-b", phase="Pending"))  # bound elsewhere than assumed: judged
+    assert decoded == ["p2"]
+    view.upsert_pod(pod_obj("p1", "node-a", phase="Failed"))
+    assert decoded == ["p2", "p1"] and "p1" not in view.assumed
+
+
 def test_an_assumption_expires_after_the_ttl_and_is_not_renewed() -> None:
     clock = Clock()
     view = make(clock)

@@ -119,3 +119,63 @@ def test_fragaware_directs_the_gpu_it_chose_not_the_agents() -> None:
     split = view.direct("u1", "node-a", share)
     assert split == (("c", {SHARED: ("GPU-0",) * 9}),)
     assert view.assumed["u1"].placement == {SHARED: ("GPU-0",) * 9}
+
+
+async def test_a_directed_bind_takes_the_gpus_its_filter_ranked_and_rebuilds_its_node_once(monkeypatch: Any) -> None:
+    """The bind counts the pod's CPU (`count_resources`) before its Binding is written, and
+    directs its GPUs: chosen with the node's room *before* the pod, as the filter ranked the
+    node. With the pod's CPU counted first, its choice saw the CPU taken twice: here 1 CPU of
+    16 left GPU-2 where the filter's model had GPU-1. One rebuild of the node serves both."""
+    import orjson
+
+    from sharepack.common import directions
+    from sharepack.extender.bindguard import BindGuard
+    from sharepack.extender.directing import DirectingBinder
+    from sharepack.extender.server import Extender
+    from tests.extender.test_binding_lists import RecordingApi
+
+    resources = NodeResources()
+    view = ClusterView(NodePolicy.FRAGAWARE, workload=fr.DEFAULT_TYPICAL_WORKLOAD, directed=True,
+                       resources=resources, tier_width=1)  # fmt: skip
+    view.replace_states([state_obj("node-a", [(10, 0, ()), (10, 2, ()), (10, 4, ())])])
+    resources.replace_nodes([node_obj("node-a", "16", gpus=3)])
+    api = RecordingApi()
+    extender = Extender(view, binder=DirectingBinder(api, view), guard=BindGuard(view))
+    doc = pod_obj("u1", "", "1", replicas=3, phase="Pending")
+    api.pods[doc["metadata"]["name"]] = doc
+    share = pr.decode_pod_request(doc)
+    ranked = dict(view.scorers["node-a"].score(share).placement)
+    assert ranked == {SHARED: ("GPU-1",) * 3}
+    await extender.filter_reply(orjson.dumps({"Pod": doc, "NodeNames": ["node-a"], "Nodes": None}))
+    rebuilt: list[str] = []
+    rebuild = view._rebuild
+    monkeypatch.setattr(view, "_rebuild", lambda name, state=None: (rebuilt.append(name), rebuild(name, state))[1])
+    bind = {"PodName": "pod-u1", "PodNamespace": "default", "PodUID": "u1", "Node": "node-a"}
+    assert orjson.loads((await extender.bind_reply(orjson.dumps(bind))).body) == {"Error": ""}
+    assert dict(view.assumed["u1"].placement) == ranked
+    told = directions.decode(api.bound[0][1][directions.ANNOTATION], where="the Binding")
+    assert directions.placement(told) == ranked  # what the agent is told to take
+    assert view.scorers["node-a"].room == (15000, 65536 - 1024)
+    assert rebuilt == ["node-a"]
+
+
+def test_a_pod_event_rebuilds_its_node_once(monkeypatch: Any) -> None:
+    """A pod event changes its node's room here and its GPUs in the view: one rebuild, which
+    has both (`NodeResources.deferred`); before, the room's and the GPUs' each made one."""
+    from sharepack.extender import caches
+
+    view, resources = cluster()
+    on_pod = pod_handler(resources, caches.pod_handler(view))
+    rebuilt: list[str] = []
+    rebuild = view._rebuild
+    monkeypatch.setattr(view, "_rebuild", lambda name, state=None: (rebuilt.append(name), rebuild(name, state))[1])
+    on_pod("ADDED", pod_obj("g1", "node-b", "4", replicas=5))  # a GPU pod another binder bound
+    assert "g1" in view.assumed and view.scorers["node-b"].room == (16000, 65536 - 1024)
+    assert rebuilt == ["node-b"]
+    on_pod("DELETED", pod_obj("g1", "node-b", "4", replicas=5))
+    assert "g1" not in view.assumed and view.scorers["node-b"].room == (20000, 65536)
+    assert rebuilt == ["node-b"] * 2
+    on_pod("ADDED", pod_obj("c1", "node-b", "2"))  # CPU-only: the room alone changes
+    assert view.scorers["node-b"].room == (18000, 65536 - 1024) and rebuilt == ["node-b"] * 3
+    on_pod("MODIFIED", pod_obj("c1", "node-b", "2"))  # a status update: nothing changes
+    assert rebuilt == ["node-b"] * 3

@@ -126,6 +126,11 @@ def test_the_kept_ranking_answers_as_the_node_by_node_ranking(
         assert ranks is not None  # remembered: the filter answered from the ranking
         answer = view._filter_ranked(names, req, ranks, clock.now)
         assert answer is not None and answer == want
+        # As the filter's reply asks: the same nodes pass; the reasons only where none does.
+        survivors, failed, unresolvable = view.filter_nodes(names, req, all_reasons=False)
+        assert survivors == want[0]
+        if not survivors:
+            assert (failed, unresolvable) == want[1:]
         fast += 1
         op = data.draw(st.integers(0, 6))
         name = data.draw(st.sampled_from(NAMES))

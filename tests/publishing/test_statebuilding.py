@@ -230,3 +230,44 @@ def test_app_allocations_are_those_one_listed_pod_holds_entirely() -> None:
     pods = [_pod("p", R, "d0", "d1"), _pod("q", R, "d2")]
     log = [_a(0.0, "d0", "d1"), _a(0.1, "d1", "d2"), _a(0.2, "d2"), _a(0.3, "d9")]
     assert app_allocations(log, pods) == {log[0], log[2]}
+
+
+def _normalized(state: NodeState) -> NodeState:
+    """What `same_use` compares, built the slow way: no observation time, pods sorted."""
+    from dataclasses import replace
+
+    return replace(state, observed_at="", resources=tuple(
+        replace(r, gpus=tuple(replace(g, pods=tuple(sorted(g.pods))) for g in r.gpus)) for r in state.resources))  # fmt: skip
+
+
+def test_same_use_compares_every_field_but_the_time_and_the_order_of_pods() -> None:
+    """`same_use` compares field by field: a field added to the state's dataclasses must be
+    added there too (this fails until it is), and every field it knows makes a difference."""
+    from dataclasses import fields, replace
+
+    from sharepack.common.state import GpuState, ResourceState
+    from sharepack.common.statebuilding import same_use
+
+    assert [f.name for f in fields(GpuState)] == ["key", "index", "product", "total", "allocated", "unhealthy", "pods"]
+    assert [f.name for f in fields(ResourceState)] == ["name", "sharing", "fail_requests_greater_than_one", "gpus"]
+    assert [f.name for f in fields(NodeState)] == [
+        "observed_at", "agent_version", "allocation_policy", "mig_strategy", "resources", "schema_version"]  # fmt: skip
+    g = schema.GpuState("GPU-a", "0", "A100", 10, 3, 0, ("p2", "p1"))
+    r = ResourceState("nvidia.com/gpu.shared", Sharing.TIME_SLICING, False, (g, replace(g, key="GPU-b", index="1")))
+    a = NodeState("2026-12-06T00:00:00Z", "1.0", Policy.PACKED, MigStrategy.NONE, (r,))
+    later_sorted = replace(a, observed_at="2026-12-06T00:01:00Z", resources=(
+        replace(r, gpus=(replace(g, pods=("p1", "p2")), r.gpus[1])),))  # fmt: skip
+    assert same_use(a, later_sorted) and _normalized(a) == _normalized(later_sorted)
+    changes = [
+        replace(a, agent_version="1.1"), replace(a, allocation_policy=Policy.DISTRIBUTED),
+        replace(a, mig_strategy=MigStrategy.MIXED), replace(a, schema_version=a.schema_version + 1),
+        replace(a, resources=()), replace(a, resources=(r, r)),
+        *(replace(a, resources=(replace(r, **{k: v}),)) for k, v in (
+            ("name", "nvidia.com/gpu"), ("sharing", Sharing.MPS), ("fail_requests_greater_than_one", True),
+            ("gpus", (g,)))),
+        *(replace(a, resources=(replace(r, gpus=(replace(g, **{k: v}), r.gpus[1])),)) for k, v in (
+            ("key", "GPU-z"), ("index", "7"), ("product", "H100"), ("total", 9), ("allocated", 4), ("unhealthy", 1),
+            ("pods", ("p1",)), ("pods", ("p1", "p3")))),
+    ]  # fmt: skip
+    for changed in changes:
+        assert not same_use(a, changed) and _normalized(a) != _normalized(changed), changed

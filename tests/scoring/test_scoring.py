@@ -408,3 +408,26 @@ def test_identical_machines_are_simulated_once_per_shape() -> None:
     assert all(v is verdicts[0] for v in verdicts)  # shared as is: same score, no renaming
     scores = [s.score(request(1)) for s in scorers]
     assert [s.placement[SHARED] for s in scores] == [("GPU-n0-0",), ("GPU-n1-0",), ("GPU-n2-0",)]
+
+
+def test_placements_applied_keep_every_field_of_the_state() -> None:
+    """`apply_placement` and `release_placement` copy the state's dataclasses field by field
+    (faster than `dataclasses.replace` on the rebuild path): a field added to one of them must
+    be added there too, or it would be lost on every assumed pod."""
+    from dataclasses import fields
+
+    from sharepack.common.policies import MigStrategy, Policy, Sharing
+    from sharepack.common.state import GpuState, NodeState, ResourceState
+
+    assert [f.name for f in fields(GpuState)] == ["key", "index", "product", "total", "allocated", "unhealthy", "pods"]
+    assert [f.name for f in fields(ResourceState)] == ["name", "sharing", "fail_requests_greater_than_one", "gpus"]
+    assert [f.name for f in fields(NodeState)] == [
+        "observed_at", "agent_version", "allocation_policy", "mig_strategy", "resources", "schema_version"]  # fmt: skip
+    gpu = GpuState("GPU-a", "3", "H100", 10, 2, 1, ("p1",))
+    state = NodeState("2026-12-06T00:00:00Z", "9.9", Policy.DISTRIBUTED, MigStrategy.MIXED,
+                      (ResourceState("nvidia.com/gpu.shared", Sharing.MPS, True, (gpu,)),), schema_version=7)  # fmt: skip
+    after = scoring.apply_placement(state, "p2", {"nvidia.com/gpu.shared": ("GPU-a", "GPU-a")})
+    expected_gpu = GpuState("GPU-a", "3", "H100", 10, 4, 1, ("p1", "p2"))
+    assert after == NodeState(state.observed_at, "9.9", Policy.DISTRIBUTED, MigStrategy.MIXED,
+                              (ResourceState("nvidia.com/gpu.shared", Sharing.MPS, True, (expected_gpu,)),), 7)  # fmt: skip
+    assert scoring.release_placement(after, "p2", {"nvidia.com/gpu.shared": ("GPU-a", "GPU-a")}) == state

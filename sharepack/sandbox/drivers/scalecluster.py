@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,7 @@ class ScaleCluster(Stack):
         self.control: RealControlPlane | None = None
         self.extender: LoggedProcess | None = None
         self.extender_url = ""
+        self.extender_kubeconfig: Path | None = None  # the extender's service account's
         self.extender_metrics_url = ""  # plain HTTP (--metrics-listen), also when the verbs use TLS
         self.tls: certificates.TlsFiles | None = None
         self.use_tls = tls
@@ -250,6 +251,10 @@ class ScaleCluster(Stack):
     def say(self, line: str) -> None:
         if self.progress:
             print(line, file=sys.stderr, flush=True)
+
+    def on_close(self, stop: Callable[[], Awaitable[None]]) -> None:
+        """`stop()` runs when the cluster closes, before what was started earlier stops."""
+        self._stack.push_async_callback(stop)
 
     async def _start(self) -> None:
         binaries = kubebuild.cached()
@@ -281,7 +286,7 @@ class ScaleCluster(Stack):
         self._spawn(self.tracker.run(), "pod-tracker")
 
         t0 = time.monotonic()
-        kubeconfig = await Identities(control, manifests).extender_kubeconfig()
+        kubeconfig = self.extender_kubeconfig = await Identities(control, manifests).extender_kubeconfig()
         port, metrics_port = free_port(), free_port()
         if self.use_tls:
             self.tls = certificates.write_tls_files(self.workdir / "tls")
