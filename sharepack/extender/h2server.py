@@ -16,7 +16,7 @@ Huffman code) and a DATA frame; a reply is three headers encoded from HPACK's st
 Errors, as the RFC assigns them: a frame that breaks the connection's rules (a bad preface,
 a frame too large for our SETTINGS, a SETTINGS, PING or WINDOW_UPDATE of the wrong size or
 value, a header block that does not decode or goes on too long, a frame on a stream the client
-never opened, a window overflowed) queues GOAWAY with the error and raises `ConnectionError`;
+never opened, a window overflowed) queues GOAWAY with the error and raises `ProtocolViolation`;
 the caller sends it and closes. A request that breaks a stream's rules (no `:method` or `:path`,
 more streams than `MAX_CONCURRENT_STREAMS`) is reset alone (RST_STREAM) and the connection
 goes on. Only clients whose certificate the extender's CA signed get this far (mutual TLS is
