@@ -17,13 +17,12 @@ import argparse
 import asyncio
 import collections
 import signal
-from functools import partial
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.aio import client as aio
 
-from sharepack.common import state as published
+from sharepack.extender.__main__ import watched_lists
 from sharepack.kube import clients
 from sharepack.kube.reflecting import Reflector
 
@@ -41,16 +40,11 @@ async def run(kubeconfig: str) -> None:
 
         return on_event
 
-    # As `sharepack.extender.__main__.Service` sets them up, handlers aside.
+    # What the extender watches, as it watches it (`keep_cache=False`), handlers aside.
     reflectors = [
-        Reflector(partial(custom.list_cluster_custom_object_without_preload_content,
-                          published.GROUP, published.VERSION, published.PLURAL),
-                  what="nodegpustates", on_event=count("nodegpustates"), watch_timeout_s=60, keep_cache=False),
-        Reflector(core.list_node_without_preload_content, what="nodes", on_event=count("nodes"),
-                  watch_timeout_s=60, keep_cache=False),
-        Reflector(core.list_pod_for_all_namespaces_without_preload_content, what="pods", on_event=count("pods"),
-                  watch_timeout_s=60, keep_cache=False),
-    ]  # fmt: skip
+        Reflector(call, what=what, on_event=count(what), watch_timeout_s=60, keep_cache=False)
+        for what, call in watched_lists(custom, core).items()
+    ]
     tasks = [asyncio.create_task(r.run()) for r in reflectors]
     await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in reflectors)), 120)
     print("synced", flush=True)

@@ -128,6 +128,10 @@ def cpu_aware(node_policy: AnyNodePolicy) -> bool:
     return node_policy in (NodePolicy.FRAGAWARE, NodePolicy.PACKED)
 
 
+def _room_for(node_policy: AnyNodePolicy, room: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The room a node's scorer keeps: the CPU-aware ranks use it, the others ignore it."""
+    return room if cpu_aware(node_policy) else None
+
 def _infeasible(reason: str, *, unresolvable: bool = False) -> NodeScore:
     return NodeScore(False, MIN_EXTENDER_PRIORITY, reason, _EMPTY, unresolvable)
 
@@ -659,8 +663,8 @@ def _per_gpu(state: NodeState, placement: Placement, change: Callable[[GpuState,
 
 
 def _gpu_with(g: GpuState, allocated: int, pods: tuple[str, ...]) -> GpuState:
-    """`replace(g, allocated=, pods=)`, a third of its cost: every rebuild of a node applies its
-    assumed pods' placements through here (`extender.ledgers.Ledger.effective`)."""
+    """`replace(g, allocated=, pods=)` without `replace`'s generic copy: every rebuild of a node
+    applies its assumed pods' placements through here (`extender.ledgers.Ledger.effective`)."""
     return GpuState(g.key, g.index, g.product, g.total, allocated, g.unhealthy, pods)
 
 
@@ -930,7 +934,7 @@ class NodeScorer:
         # `fragaware`'s workload: given, else the templates' (so a cache passes it once).
         self.workload = workload if workload is not None or templates is None else templates.workload
         # The node's CPU (milli) and memory (MiB) left, when known: the CPU-aware ranks use it.
-        self.room = room if cpu_aware(node_policy) else None
+        self.room = _room_for(node_policy, room)
         # The node's GPU model (`common.gpumodels`), when known: shapes that allow only other
         # models count its GPUs as fragment (with the room: both come from the Node object).
         self.model = model
@@ -982,6 +986,11 @@ class NodeScorer:
                 return None
             self._exact = (t.intern(sig[0]), sig[1])
         return t, *self._exact
+
+    def built_with(self, room: tuple[int, int] | None, model: str | None) -> bool:
+        """Whether this scorer was made with the node's `room` and GPU `model` as they are now
+        (its room as its policy keeps it: none where the policy does not look at CPU)."""
+        return self.room == _room_for(self.node_policy, room) and self.model == model
 
     def admitted(self, request: PodRequest) -> tuple[int, int] | None:
         """The typical shapes the node's GPU model, CPU and memory admit before and after

@@ -247,7 +247,7 @@ def same_use(a: NodeState, b: NodeState) -> bool:
     scored on one is scored alike on the other. (An extender counts a pod it binds at the end
     of its GPUs' lists; the agent then publishes the same pods sorted.) The extender asks this
     of every state its agents publish, so it compares field by field rather than building
-    sorted copies (a fifth of the cost); every field but `observed_at` is compared."""
+    sorted copies; every field but `observed_at` is compared."""
     if (a.agent_version, a.allocation_policy, a.mig_strategy, a.schema_version) != (
         b.agent_version, b.allocation_policy, b.mig_strategy, b.schema_version
     ) or len(a.resources) != len(b.resources):  # fmt: skip

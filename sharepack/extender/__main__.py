@@ -323,6 +323,18 @@ def api_client(opts: Options) -> Any | None:
     return client.ApiClient(conf)
 
 
+def watched_lists(custom: Any, core: Any) -> dict[str, Callable[..., Any]]:
+    """The list calls of what the extender watches in the device-plugin mode, by name (every
+    NodeGpuState; every Node where the policy is CPU-aware; every pod, pending ones too), on
+    `kubernetes.aio`'s CustomObjectsApi and CoreV1Api; benchmarks/watch_floor.py watches the same."""
+    return {
+        "nodegpustates": partial(custom.list_cluster_custom_object_without_preload_content,
+                                 published.GROUP, published.VERSION, published.PLURAL),
+        "nodes": core.list_node_without_preload_content,
+        "pods": core.list_pod_for_all_namespaces_without_preload_content,
+    }  # fmt: skip
+
+
 class Service:
     """The running extender: caches, informers and the HTTP server."""
 
@@ -351,10 +363,10 @@ class Service:
             self._watch_api = clients.aio_client_like(api)
             custom = aio.CustomObjectsApi(self._watch_api)
             core = aio.CoreV1Api(self._watch_api)
+            watched = watched_lists(custom, core)
             self.informers = [
                 *(self._dra_informers(custom) if opts.mode == MODE_DRA else [Reflector(
-                    partial(custom.list_cluster_custom_object_without_preload_content,
-                            published.GROUP, published.VERSION, published.PLURAL),
+                    watched["nodegpustates"],
                     what="nodegpustates",
                     on_list=lambda cache: self.view.replace_states(list(cache.values())),
                     on_event=state_handler(self.view),
@@ -364,7 +376,7 @@ class Service:
                 Reflector(
                     # Every pod, pending ones too: the bind guard reads the pod it binds from
                     # here (`extender.pendingpods`), not from the API once per bind.
-                    core.list_pod_for_all_namespaces_without_preload_content,
+                    watched["pods"],
                     what="pods",
                     on_list=self._on_pod_list,
                     on_event=self._pod_handler(),
@@ -376,7 +388,7 @@ class Service:
                 resources = self.resources
                 # Before the pods: a node's room needs its allocatable first.
                 self.informers.insert(1, Reflector(
-                    core.list_node_without_preload_content,
+                    watched["nodes"],
                     what="nodes",
                     on_list=lambda cache: resources.replace_nodes(list(cache.values())),
                     on_event=noderesources.node_handler(resources),

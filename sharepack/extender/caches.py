@@ -209,7 +209,6 @@ class ClusterView:
         self._heard: dict[str, tuple[str, float]] = {}  # node -> (observedAt, when we saw it change)
         self.stale: set[str] = set()  # nodes last logged as stale
         self.scorers: dict[str, WireScorer] = {}  # nodes with a usable published state
-        self._room_due: set[str] = set()  # nodes whose room changed after their scorer (`count_resources`)
         self.invalid: dict[str, str] = {}  # node -> why its state is unusable (treated unknown)
         self.ledger = Ledger()  # assumed, released, settled pods: the effective states
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()  # from filter/prioritize
@@ -458,8 +457,8 @@ class ClusterView:
         best: list[Entry] | None = None
         if not all_reasons and not request.empty:
             # The tier full of known nodes is the answer whatever else passes (unknown nodes
-            # rank below them): no need to sort out the failing ones, half the filter's time
-            # at 5,000 nodes, when the reasons are not read.
+            # rank below them): no need to sort out the failing ones, most of the filter's time
+            # at 5,000 nodes (benchmarks/bench_tierfilter.py), when the reasons are not read.
             best = ranks.best(candidates, width, exact)
             if best is None:
                 return None
@@ -553,32 +552,28 @@ class ClusterView:
         return self.resources is not None and scoring.cpu_aware(self.node_policy)
 
     def refresh_node(self, name: str) -> None:
-        """The node's CPU or memory room (or GPU model) changed: rescore it, unless its scorer
-        has them already (rebuilt since, for the same event: `NodeResources.deferred`)."""
-        self._room_due.discard(name)
+        """The node's CPU or memory room (or GPU model) may have changed: rescore it, unless its
+        scorer has them already (rebuilt since: `NodeResources.deferred`, a directed bind)."""
         if name not in self.published:
             return
-        scorer, r = self.scorers.get(name), self.resources
-        if scorer is not None and r is not None and scorer.room == (r.room(name) if scoring.cpu_aware(scorer.node_policy) else None) \
-                and scorer.model == (r.gpu_model(name) or gpumodels.published_model(scorer.state)):  # fmt: skip
-            return
-        self._rebuild(name)
+        scorer = self.scorers.get(name)
+        if scorer is None or not scorer.built_with(*self._node_inputs(name, scorer.state)):
+            self._rebuild(name)
+
+    def _node_inputs(self, name: str, state: NodeState) -> tuple[tuple[int, int] | None, str | None]:
+        """The node's room and GPU model, as its scorer is made with them."""
+        r = self.resources
+        if r is None:
+            return None, None
+        return r.room(name), r.gpu_model(name) or gpumodels.published_model(state)
 
     def count_resources(self, uid: str, node: str, request: PodRequest, *, deferred: bool = False) -> None:
         """Count the pod's CPU and memory on `node` now (at bind, before the pod watch shows it).
-        `deferred`: the node keeps its scorer until `settle_room` or another rebuild, so that
+        `deferred`: the node keeps its scorer until the next rebuild or `refresh_node`, so that
         the GPUs the bind then directs (`direct`) are chosen as its filter ranked them, with the
         room before the pod, and the node is rebuilt once for both."""
-        if self.resources is None:
-            return
-        self.resources.assume(uid, node, request.cpu, request.memory, notify=not deferred)
-        if deferred and node in self.published:
-            self._room_due.add(node)
-
-    def settle_room(self, node: str) -> None:
-        """Rebuild `node` if a deferred `count_resources` left it without its new room."""
-        if node in self._room_due:
-            self.refresh_node(node)
+        if self.resources is not None:
+            self.resources.assume(uid, node, request.cpu, request.memory, notify=not deferred)
 
     def uncount_resources(self, uid: str, node: str) -> None:
         """Undo `count_resources` after a failed bind (only if still counted on `node`)."""
@@ -641,7 +636,6 @@ class ClusterView:
 
     def _rebuild(self, name: str, state: NodeState | None = None) -> None:
         """A new scorer for the node's effective state (`state`, when the caller has it)."""
-        self._room_due.discard(name)  # the rebuild reads the room as it is now
         if state is None:
             state = self.ledger.effective(name)
         if state is None:
@@ -650,9 +644,7 @@ class ClusterView:
         else:
             rv = self.ledger.published[name][0]
             self._generation += 1
-            r = self.resources
-            room = r.room(name) if r is not None else None
-            model = (r.gpu_model(name) or gpumodels.published_model(state)) if r is not None else None
+            room, model = self._node_inputs(name, state)
             scorer = WireScorer(name, state, self.node_policy, (rv, self._generation), self.templates, room, model)
             devices = self.pool_devices(name) if self.pool_devices is not None else None
             if devices is not None:

@@ -113,7 +113,7 @@ class DirectingBinder:
         elif listing is not None:
             await self.discard_task(listing)
         split = self._view.direct(args.pod_uid, args.node, request) if request is not None else ()
-        self._view.settle_room(args.node)  # the pod's CPU counted before its Binding is written
+        self._view.refresh_node(args.node)  # the pod's CPU in its node's scorer before the Binding (a no-op after `direct`)
         directed = dict(annotations or {})
         if split:
             directed[directions.ANNOTATION] = directions.encode(directions.from_placements(args.node, split))

@@ -171,6 +171,7 @@ class ServerConnection:
         self._out.append(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream) + _U32.pack(code)))
 
     def reset(self, stream_id: int, code: int) -> None:
+        """A stream error: the stream is forgotten (opened or not) and the client told why."""
         self._drop(stream_id)
         self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
 
@@ -403,7 +404,7 @@ class ServerConnection:
             raise ProtocolViolation(PROTOCOL_ERROR, f"stream {stream_id}: clients open odd streams")
         self.last_stream = stream_id
         if self.goaway_received or len(self.streams) >= self.max_streams:
-            self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
+            self.reset(stream_id, REFUSED_STREAM)
             return None
         method = path = None
         for name, value in headers:
@@ -412,7 +413,7 @@ class ServerConnection:
             elif name == b":path":
                 path = value.decode("ascii", "replace") if path is None else ""
         if not method or not path:  # missing, empty or given twice: a malformed request
-            self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(PROTOCOL_ERROR)))
+            self.reset(stream_id, PROTOCOL_ERROR)
             return None
         s = self.streams[stream_id] = _Stream(method, path, send_window=self._peer_initial_window)
         return self._ended(stream_id, s) if end else None

@@ -81,8 +81,7 @@ class H2Connection(asyncio.Protocol):
         self._peercert: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.TimerHandle | None = None
-        # Kept: asyncio.get_running_loop() asks the kernel for the process id every time.
-        self._loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()  # looked up once, not per request
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -108,8 +107,7 @@ class H2Connection(asyncio.Protocol):
         for request in requests:
             self._answer(request)
         self._flush()
-        if self._conn.goaway_received and not self._conn.streams and not self._tasks:
-            self._close()
+        self._close_if_gone_away()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -142,6 +140,12 @@ class H2Connection(asyncio.Protocol):
         self._tasks.discard(task)
         if not self._tasks:
             self._arm_idle()
+            self._close_if_gone_away()
+
+    def _close_if_gone_away(self) -> None:
+        """The client said GOAWAY and every request it sent is answered: close, as it expects."""
+        if self._conn.goaway_received and not self._conn.streams and not self._tasks:
+            self._close()
 
     async def _reply(self, request: h2server.Request) -> None:
         try:

@@ -281,7 +281,7 @@ class Extender:
             log.warning("%s", e)
             return self._json(protocol.encode_binding_result(str(e)))
         finally:
-            self.view.settle_room(args.node)  # where the binder rebuilt nothing (it directed nothing)
+            self.view.refresh_node(args.node)  # a deferred count the binder did not get to rebuild
         m.bind(True)
         if not verdict.request.empty:
             self.view.assume(uid, args.node, verdict.request)  # a no-op when counted already

@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
-from sharepack.extender import http2
+from sharepack.extender import h2server, http2
 from sharepack.extender.http2 import H2Connection, Reply
 from tests.extender.h2client import H2Client
 from tests.security.stack import Stack, create_pod, metrics, node_of, stack
@@ -251,6 +251,33 @@ async def test_shutdown_lets_a_request_in_flight_finish() -> None:
         assert bytes((await pending).body) == b"done"
         await stopping
         await asyncio.wait_for(client.closed.wait(), 10)
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_after_the_clients_goaway_the_last_answer_closes_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that says GOAWAY still gets the answers it waits for; then the server closes
+    at once, not after the idle timeout."""
+    monkeypatch.setattr(http2, "IDLE_TIMEOUT_S", 60.0)
+    release = asyncio.Event()
+
+    async def slow(method: str, path: str, body: bytes | None, peercert: Any) -> Reply:
+        await release.wait()
+        return Reply(200, b"done")
+
+    server, port = await serve_h2(slow)
+    client = await H2Client.connect(port)
+    try:
+        pending = asyncio.ensure_future(client.request("POST", "/bind", b"{}"))
+        await asyncio.sleep(0.1)
+        # GOAWAY (last stream 1, NO_ERROR), raw: the h2 library's client reads nothing after its own.
+        client.send_raw(h2server.frame(h2server.GOAWAY, 0, 0, (1).to_bytes(4, "big") + (0).to_bytes(4, "big")))
+        await asyncio.sleep(0.1)
+        assert not client.closed.is_set()  # the request is still running
+        release.set()
+        assert bytes((await pending).body) == b"done"
+        await asyncio.wait_for(client.closed.wait(), 5)
     finally:
         await client.close()
         server.close()

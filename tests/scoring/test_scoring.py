@@ -412,8 +412,9 @@ def test_identical_machines_are_simulated_once_per_shape() -> None:
 
 def test_placements_applied_keep_every_field_of_the_state() -> None:
     """`apply_placement` and `release_placement` copy the state's dataclasses field by field
-    (faster than `dataclasses.replace` on the rebuild path): a field added to one of them must
-    be added there too, or it would be lost on every assumed pod."""
+    (faster than `dataclasses.replace` on the rebuild path), and `statebuilding.same_use`
+    compares them so: a field added to one of them must be added to both, or it would be lost
+    on every assumed pod and ignored by every comparison of published states."""
     from dataclasses import fields
 
     from sharepack.common.policies import MigStrategy, Policy, Sharing
