@@ -44,7 +44,9 @@ Per pair, the ratio is with / without; the figures reported are medians over the
 per phase: the extender's CPU-ms per pod created and kube-scheduler's algorithm-duration mean.
 
 `--extender-profile FILE` runs the extender under cProfile (slower: for where the time goes,
-not for the ratio). `--watch-floor` also runs benchmarks/watch_floor.py beside the extender: the
+not for the ratio; it times wall clock, which on a busy machine includes waiting for a CPU);
+`--extender-sample FILE` under `sharepack.sandbox.cpusampler` (its stack at every millisecond of
+its CPU), and prints each with phase's samples by function. `--watch-floor` also runs benchmarks/watch_floor.py beside the extender: the
 same watches with the same client, decoded and counted only, whose CPU per pod per phase is what
 receiving them costs before any handler runs. The last line is always
 
@@ -73,6 +75,7 @@ import numpy as np
 
 from sharepack.common import shipped
 from sharepack.common.policies import Policy
+from sharepack.sandbox import cpusampler
 from sharepack.sandbox.kubelet import fleet
 from sharepack.sandbox.controlplane.plane import ControlPlaneUnavailable
 from sharepack.extender import directing
@@ -122,6 +125,7 @@ async def phase(
     cpu_before = (cpu_seconds(extender_pid), cpu_seconds(scheduler_pid))
     restarts = cluster.control.scheduler_restarts if cluster.control is not None else 0
     names = [p["metadata"]["name"] for p in pods]
+    window_start = time.time()  # POSIX seconds, as sandbox.cpusampler stamps its samples
     started = time.monotonic()
     await cluster.create_pods(pods)
     created = time.monotonic() - started
@@ -159,6 +163,7 @@ async def phase(
         "tls_handshakes": int(handshakes),
         "bind_node_lists": int(lists),
         "scheduler_restarts": restarts,
+        "window": [int(window_start), int(window_start + elapsed)],  # the seconds from first create to last bind
     }
     algorithm = histogram(sched, "scheduler_scheduling_algorithm_duration_seconds")
     attempt = histogram(sched, "scheduler_scheduling_attempt_duration_seconds", {"result": "scheduled"})
@@ -180,7 +185,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="sp-bench-", dir="/tmp"))
     async with ScaleCluster(
         shapes, workdir, replicas=args.replicas, agent_policy=Policy(args.policy), node_policy=args.node_policy,
-        profile_to=args.extender_profile, extender_args=args.extender_arg, tls=not args.insecure_http,
+        profile_to=args.extender_profile, sample_to=args.extender_sample, extender_args=args.extender_arg,
+        tls=not args.insecure_http,
     ) as cluster:  # fmt: skip
         results: dict[str, Any] = {
             "nodes": args.nodes, "extender_args": args.extender_arg, "tls": not args.insecure_http,
@@ -337,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="add a phase per pair, after the with phase: kube-scheduler calling the same "
                         "extender over HTTP/1.1 (DISABLE_HTTP2=1), as before the extender offered HTTP/2")  # fmt: skip
     p.add_argument("--extender-profile", type=Path, help="run the extender under cProfile, stats to this file")
+    p.add_argument("--extender-sample", type=Path,
+                   help="run the extender under sharepack.sandbox.cpusampler (its stack at every CPU "
+                        "millisecond), samples to this file; prints each with phase's by function")  # fmt: skip
     p.add_argument("--watch-floor", action="store_true",
                    help="also run benchmarks/watch_floor.py (the extender's watches, nothing done with them) "
                         "and report its CPU per pod per phase")  # fmt: skip
@@ -352,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results)
     if args.extender_profile:
         print(profile_summary(args.extender_profile))
+    if args.extender_sample:
+        for i, pair in enumerate(results["pairs"]):
+            start, end = pair["with"]["window"]
+            print(f"pair {i + 1}, with phase: where the extender's CPU went\n"
+                  f"{cpusampler.summary(args.extender_sample, start, end)}")  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(text)

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+import uvloop
 from aiohttp import web
 
 from sharepack.common import addresses, draslices, fragmentation, podrequests, scoring, shipped, state as published
@@ -56,6 +57,7 @@ DEFAULT_STATE_MAX_AGE_S = published.STALE_AFTER_S
 MODE_DEVICE_PLUGIN = "device-plugin"
 MODE_DRA = "dra"
 SHUTDOWN_TIMEOUT_S = 2.0  # requests in flight at shutdown get this long to finish
+EVENT_LOOPS = ("uvloop", "asyncio")  # --event-loop's choices; the first is the default
 GC_YOUNG_THRESHOLD = 10_000  # allocations between the cyclic collector's young passes (default 700)
 
 
@@ -87,6 +89,7 @@ class Options:
     filter_tier_width: int = scoring.DEFAULT_TIER_WIDTH  # 0: the filter passes every feasible node
     directed_gpus: bool = shipped.DIRECTED_GPUS  # annotate bound pods with their GPUs (extender.directing)
     mode: str = MODE_DEVICE_PLUGIN  # where node states come from: NodeGpuState, or DRA (extender.draview)
+    event_loop: str = EVENT_LOOPS[0]
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -171,6 +174,9 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="where node states come from: NodeGpuState objects (device-plugin) or the "
                         "gpu.sharepack.io ResourceSlices and the ResourceClaims allocated from them "
                         "(dra; states do not age there) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--event-loop", default=EVENT_LOOPS[0], choices=EVENT_LOOPS,
+                   help="uvloop (its transports and TLS in C: about a tenth less CPU per pod scheduled, "
+                        "benchmarks/bench_scheduler.py) or Python's own asyncio loop (default: %(default)s)")  # fmt: skip
     a = p.parse_args(list(argv))
     if a.filter_tier_width < 0:
         p.error(f"invalid --filter-tier-width option: {a.filter_tier_width} (want 0 or more)")
@@ -238,6 +244,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         filter_tier_width=a.filter_tier_width,
         directed_gpus=a.mode != MODE_DRA and (shipped.DIRECTED_GPUS if a.directed_gpus is None else a.directed_gpus),
         mode=a.mode,
+        event_loop=a.event_loop,
     )
     try:
         opts.host_port
@@ -619,7 +626,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sharepack-extender: error: {problem}", file=sys.stderr)
         return 2
     setup_logging(opts.log_format, opts.log_level)
-    return asyncio.run(run(opts))
+    with asyncio.Runner(loop_factory=event_loop_factory(opts.event_loop)) as runner:
+        return runner.run(run(opts))
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop `--event-loop` names (None: asyncio's default)."""
+    return None if name == "asyncio" else uvloop.new_event_loop
 
 
 if __name__ == "__main__":

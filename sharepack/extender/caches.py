@@ -872,16 +872,18 @@ class ClusterView:
         scorer = self.fresh_scorer(node)
         if scorer is None or request.empty or uid in self.ledger.assumed or uid in self.ledger.settled:
             return ()
-        split = scoring.container_placements(scorer.state, request)
+        # The policy chooses one container's GPUs itself (`fragaware`: a share's GPU, as FGD
+        # chooses it), not the agent's loop: its prediction is what to direct, and the loop's
+        # split (a second simulation) is not needed.
+        chosen = self.directed and len(request.containers) == 1
+        split = () if chosen else scoring.container_placements(scorer.state, request)  # before the pod counts
         predicted = self.assume(uid, node, request)
+        if chosen and predicted is not None and scoring.placement_gpus(predicted.placement):
+            split = ((request.containers[0].name, predicted.placement),)
         if not split or predicted is None or not predicted.feasible:
             log.info("pod %s: not directing its GPUs on node %s: %s", uid, node,
                      predicted.reason if predicted is not None else "not predicted")  # fmt: skip
             return ()
-        if self.directed and len(request.containers) == 1:
-            # The policy chose the GPUs itself (`fragaware`: a share's GPU, as FGD chooses it),
-            # not the agent's loop: direct them.
-            split = ((request.containers[0].name, predicted.placement),)
         joined = directions.placement(directions.from_placements(node, split))
         # The split comes from the same loop as the prediction; renaming alike nodes' shared
         # scores must not change it. If it ever did, directing would break the prediction.

@@ -9,8 +9,7 @@ Why not the `h2` library: it implements every corner of the protocol in pure Pyt
 event object per frame, a state machine transition per stream event and every header checked
 twice, and cost the extender about 0.1 ms of CPU per request (`benchmarks/bench_transport.py`,
 `docs/scale.md`), as much as TLS and the event loop together. Here a request is a HEADERS
-frame decoded by the `hpack` library (the protocol's header compression: its dynamic table and
-Huffman code) and a DATA frame; a reply is three headers encoded from HPACK's static table
+frame (its header compression decoded by `extender.headerblocks`) and a DATA frame; a reply is three headers encoded from HPACK's static table
 (never into the dynamic table, so no table state is kept for them) and DATA frames.
 
 Errors, as the RFC assigns them: a frame that breaks the connection's rules (a bad preface,
@@ -29,8 +28,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-import hpack
-import hpack.exceptions
+from sharepack.extender import headerblocks
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -138,7 +136,7 @@ class ServerConnection:
         self._in = bytearray()
         self._preface = False
         self._settled = False  # the client's first SETTINGS has arrived
-        self._decoder = hpack.Decoder(max_header_list_size=max_header_bytes)
+        self._decoder = headerblocks.Decoder(max_list=max_header_bytes)
         self._block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments) awaiting CONTINUATION
         # Flow control. What we receive: the stream windows our SETTINGS give (`max_body`) and
         # the connection's, opened to twice that; both are topped up as data arrives.
@@ -388,8 +386,8 @@ class ServerConnection:
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> Request | None:
         try:  # always decoded: the dynamic table must follow the client's encoder
-            headers = self._decoder.decode(block, raw=True)
-        except hpack.exceptions.HPACKError as e:
+            headers = self._decoder.decode(bytes(block))
+        except headerblocks.BlockError as e:
             raise ProtocolViolation(COMPRESSION_ERROR, f"a header block that does not decode: {e}") from e
         end = bool(flags & END_STREAM)
         s = self.streams.get(stream_id)

@@ -36,6 +36,9 @@ from sharepack.common.scoring import Placement
 from sharepack.common.state import NodeState
 
 
+_Pods = tuple[tuple[str, Placement], ...]  # (pod UID, placement), as `effective` applies them
+
+
 @dataclass(slots=True)
 class Assumed:
     uid: str
@@ -99,13 +102,15 @@ class Ledger:
     def __init__(self) -> None:
         self.published: dict[str, tuple[str, NodeState]] = {}  # node -> (resourceVersion, state)
         self.assumed: dict[str, Assumed] = {}  # pod UID -> its assumption
-        self.assumed_on: dict[str, set[str]] = {}  # node -> assumed pod UIDs
+        self.assumed_on: dict[str, dict[str, None]] = {}  # node -> assumed pod UIDs, in the order assumed
         self.released: dict[str, dict[str, Released]] = {}  # node -> gone pods still published
         self.settled: set[str] = set()  # counted by the agent, or expired: never assumed again
         self.placed: dict[str, Placement] = {}  # settled pods whose prediction matched: exact
         self.pods: dict[str, str] = {}  # bound pod UID -> node
         self._publishers: dict[str, int] = {}  # resource -> how many nodes publish it
         self._known: frozenset[str] | None = None  # resources some node publishes (lazy)
+        # node -> the inputs of its last effective state, and that state (`effective`)
+        self._effective: dict[str, tuple[tuple[str, NodeState], _Pods, _Pods, NodeState]] = {}
 
     # -- derived ---------------------------------------------------------------------------
 
@@ -117,15 +122,27 @@ class Ledger:
 
     def effective(self, node: str) -> NodeState | None:
         """The node's published state minus its released pods plus its assumed ones; None
-        without a published state."""
+        without a published state.
+
+        From the last one computed where only assumptions were added since (in the order they
+        were: each bind adds one, and a node may hold dozens before its agent reports them),
+        else from the published state."""
         entry = self.published.get(node)
         if entry is None:
+            self._effective.pop(node, None)
             return None
-        state = entry[1]
-        for uid, r in self.released.get(node, {}).items():
-            state = scoring.release_placement(state, uid, r.placement)
-        for uid in self.assumed_on.get(node, ()):
-            state = scoring.apply_placement(state, uid, self.assumed[uid].placement)
+        released = tuple((uid, r.placement) for uid, r in self.released.get(node, {}).items())
+        assumed = tuple((uid, self.assumed[uid].placement) for uid in self.assumed_on.get(node, ()))
+        last = self._effective.get(node)
+        if last is not None and last[0] is entry and last[1] == released and assumed[: len(last[2])] == last[2]:
+            state, done = last[3], len(last[2])
+        else:
+            state, done = entry[1], 0
+            for uid, placement in released:
+                state = scoring.release_placement(state, uid, placement)
+        for uid, placement in assumed[done:]:
+            state = scoring.apply_placement(state, uid, placement)
+        self._effective[node] = (entry, released, assumed, state)
         return state
 
     def listed(self, node: str, uid: str) -> bool:
@@ -217,7 +234,7 @@ class Ledger:
 
     def assume(self, uid: str, node: str, placement: Placement, expires: float) -> None:
         self.assumed[uid] = Assumed(uid, node, placement, expires)
-        self.assumed_on.setdefault(node, set()).add(uid)
+        self.assumed_on.setdefault(node, {})[uid] = None
 
     def unassume(self, uid: str, node: str) -> bool:
         """Stop counting an assumed pod on `node`, and only there; True if it was."""
@@ -232,7 +249,7 @@ class Ledger:
         if a is not None:
             on = self.assumed_on.get(a.node)
             if on is not None:
-                on.discard(uid)
+                on.pop(uid, None)
                 if not on:
                     del self.assumed_on[a.node]
         return a

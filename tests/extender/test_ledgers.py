@@ -5,7 +5,10 @@ from __future__ import annotations
 from types import MappingProxyType
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from sharepack.common import scoring
 from sharepack.common.policies import MigStrategy, Policy, Sharing
 from sharepack.common.state import GpuState, NodeState, ResourceState
 from sharepack.extender.ledgers import Ledger
@@ -126,3 +129,66 @@ def test_a_gone_pods_directions_tell_its_counts_where_the_state_lists_it_on_exac
     else:
         assert forgotten.changed and not forgotten.untold
         assert allocated(ledger, "n")[:2] == freed
+
+
+def replayed(ledger: Ledger, node: str) -> NodeState | None:
+    """The effective state by its definition: the published state, minus each released pod,
+    plus each assumed pod, every time from the start."""
+    entry = ledger.published.get(node)
+    if entry is None:
+        return None
+    s = entry[1]
+    for uid, r in ledger.released.get(node, {}).items():
+        s = scoring.release_placement(s, uid, r.placement)
+    for uid in ledger.assumed_on.get(node, ()):
+        s = scoring.apply_placement(s, uid, ledger.assumed[uid].placement)
+    return s
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["assume", "assume", "assume", "unassume", "forget", "publish", "expire", "unpublish"]),
+        st.sampled_from(["n", "m"]), st.integers(0, 7), st.lists(st.sampled_from(["GPU-0", "GPU-1"]), max_size=3),
+    ),
+    max_size=40,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops)
+def test_the_effective_state_kept_between_calls_is_the_one_replayed_from_the_start(
+    ops: list[tuple[str, str, int, list[str]]],
+) -> None:
+    ledger = Ledger()
+    clock = 0.0
+    version = 0
+    for op, node, pod, keys in ops:
+        uid = f"pod-{pod}"
+        clock += 1.0
+        if op == "assume" and uid not in ledger.assumed and uid not in ledger.settled:
+            ledger.assume(uid, node, on(*keys), expires=clock + 5.0)
+        elif op == "unassume":
+            ledger.unassume(uid, node)
+        elif op == "forget":
+            ledger.bound(uid, node)
+            ledger.forget(uid, None, expires=clock + 5.0, directed=on(*keys))
+        elif op == "publish":  # the agent's counts: what it lists now, some of the assumed pods
+            version += 1
+            listed = tuple(sorted(u for u, a in ledger.assumed.items() if a.node == node))[: pod % 3]
+            ledger.publish(node, str(version), state([(len(listed), listed), (0, ())]))
+        elif op == "expire":
+            ledger.expire(clock)
+        elif op == "unpublish":
+            ledger.unpublish(node, releases=pod % 2 == 0)
+        for n in ("n", "m"):  # asked after every step, so that kept states are reused
+            assert ledger.effective(n) == replayed(ledger, n)
+
+
+def test_a_release_after_the_state_was_kept_is_counted() -> None:
+    ledger = Ledger()
+    ledger.assume("a", "n", on("GPU-0"), expires=10.0)
+    ledger.publish("n", "1", state([(1, ("a",)), (0, ())]))  # its agent lists it: settled
+    assert allocated(ledger, "n") == [1, 0]
+    ledger.bound("a", "n")
+    ledger.forget("a", None, expires=10.0)  # gone, still published: released
+    assert allocated(ledger, "n") == [0, 0]

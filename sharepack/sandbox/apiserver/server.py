@@ -44,7 +44,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import orjson
 import yaml
@@ -142,8 +142,9 @@ class FakeApiServer:
             raise
         self._runner = runner
         if self._port == 0:
-            server = site._server  # the port the OS chose; aiohttp exposes it only here
-            assert isinstance(server, asyncio.base_events.Server)
+            # The port the OS chose; aiohttp exposes it only here. An asyncio or a uvloop Server:
+            # no common class to check, the same `sockets`.
+            server = cast(asyncio.Server, site._server)
             self._port = server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

@@ -223,6 +223,7 @@ class ScaleCluster(Stack):
         namespace: str = NAMESPACE,
         progress: bool = True,
         profile_to: Path | None = None,
+        sample_to: Path | None = None,
         tls: bool = True,
     ) -> None:
         """`tls`: the extender serves its verbs over mutual TLS and kube-scheduler calls it with
@@ -237,6 +238,7 @@ class ScaleCluster(Stack):
         self.namespace = namespace
         self.progress = progress
         self.profile_to = profile_to  # run the extender under cProfile, stats written here at exit
+        self.sample_to = sample_to  # run it under sandbox.cpusampler, samples written here at exit
         self.control: RealControlPlane | None = None
         self.extender: LoggedProcess | None = None
         self.extender_url = ""
@@ -296,10 +298,13 @@ class ScaleCluster(Stack):
             transport = ["--insecure-http"]
             self.extender_url = f"http://127.0.0.1:{port}"
         self.extender_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        profiler = ["-m", "cProfile", "-o", str(self.profile_to)] if self.profile_to else []
+        if self.sample_to:
+            launch = ["-m", "sharepack.sandbox.cpusampler", str(self.sample_to), "sharepack.extender"]
+        else:
+            launch = [*(["-m", "cProfile", "-o", str(self.profile_to)] if self.profile_to else []), "-m", "sharepack.extender"]
         self.extender = LoggedProcess(
             [
-                sys.executable, *profiler, "-m", "sharepack.extender", f"--listen=127.0.0.1:{port}", f"--node-policy={self.node_policy}",
+                sys.executable, *launch, f"--listen=127.0.0.1:{port}", f"--node-policy={self.node_policy}",
                 f"--kubeconfig={kubeconfig}", "--log-format=text", "--log-level=warning",
                 f"--metrics-listen=127.0.0.1:{metrics_port}", *transport, *self.extender_args,
             ],
