@@ -248,9 +248,13 @@ class Client:
         self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes | None = None
     ) -> tuple[int, bytes]:
         """(status, body) of one request; `target` is the path and query, quoted already.
-        Raises OSError (ConnectionClosed among them) or ProtocolError."""
+        Raises OSError (ConnectionClosed among them) or ProtocolError; ValueError, before
+        anything is sent, for a line break in `target` or a header."""
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header()}"]
         lines += [f"{name}: {value}" for name, value in headers]
+        for line in lines:
+            if "\r" in line or "\n" in line:  # it would end the head early: a header of the caller's choosing
+                raise ValueError(f"a line break in the request's head: {line[:100]!r}")
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

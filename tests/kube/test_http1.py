@@ -299,3 +299,12 @@ def test_chunked_answers_parse_the_same_however_the_bytes_arrive(body: bytes, si
     for a, b in zip(points, points[1:], strict=False):
         parsed.feed(data[a:b])
     assert parsed.done and parsed.status == 200 and parsed.body == body
+
+
+async def test_a_line_break_in_a_header_or_the_target_is_refused_before_anything_is_sent() -> None:
+    async with serving(echo_path) as (server, client):
+        with pytest.raises(ValueError, match="line break in the request's head"):
+            await client.request("GET", "/", [("authorization", "Bearer t\r\nX-Injected: 1")])
+        with pytest.raises(ValueError, match="line break"):
+            await client.request("GET", "/a HTTP/1.1\r\nX-Injected: 1\r\n\r\nGET /b", [])
+        assert server.connections == 0 and not server.heads
