@@ -82,10 +82,10 @@ class Errors:
 
 
 async def shared_informer_sync(list_func: Any, want: int, errors: Errors, deadline_s: float) -> tuple[SharedInformer, float, float]:
-    informer = SharedInformer(list_func)
-    informer.add_event_handler("ERROR", errors)
+    informer = SharedInformer(list_func)  # type: ignore[no-untyped-call]
+    informer.add_event_handler("ERROR", errors)  # type: ignore[no-untyped-call]
     t0, c0 = time.perf_counter(), time.process_time()
-    informer.start()
+    informer.start()  # type: ignore[no-untyped-call]
     end = time.monotonic() + deadline_s
     while len(informer.cache.list_keys()) < want and time.monotonic() < end:
         await asyncio.sleep(0.01)
@@ -159,7 +159,7 @@ async def main(nodes: int, pods_per_node: int, outage_s: float) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
             await server.stop()  # ends the informers' watches, so stop() can join their threads
             for informer in started:
-                informer.stop()
+                informer.stop()  # type: ignore[no-untyped-call]
             await aio.close()  # type: ignore[no-untyped-call]
             api.close()
 

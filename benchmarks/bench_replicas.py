@@ -34,7 +34,8 @@ import kubernetes  # noqa: E402
 
 from sharepack.common.policies import Policy  # noqa: E402
 from sharepack.sandbox.drivers import demo  # noqa: E402
-from sharepack.sandbox.drivers.demo import Sandbox, Workload, free_port  # noqa: E402
+from sharepack.sandbox.controlplane.plane import free_port  # noqa: E402
+from sharepack.sandbox.drivers.demo import Sandbox, Workload  # noqa: E402
 from sharepack.sandbox.processes import LoggedProcess  # noqa: E402
 from tests.scenario.harness import (  # noqa: E402
     MACHINE,
