@@ -350,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run benchmarks/watch_floor.py (the extender's watches, nothing done with them) "
                         "and report its CPU per pod per phase")  # fmt: skip
     args = p.parse_args(argv)
+    if args.extender_profile and args.extender_sample:
+        p.error("--extender-profile and --extender-sample both wrap the extender: choose one")
     if args.nodes < 1 or args.pods < 1 or args.pairs < 1:
         p.error(f"--nodes, --pods and --pairs must be at least 1, got {args.nodes}, {args.pods} and {args.pairs}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -132,6 +132,7 @@ def _room_for(node_policy: AnyNodePolicy, room: tuple[int, int] | None) -> tuple
     """The room a node's scorer keeps: the CPU-aware ranks use it, the others ignore it."""
     return room if cpu_aware(node_policy) else None
 
+
 def _infeasible(reason: str, *, unresolvable: bool = False) -> NodeScore:
     return NodeScore(False, MIN_EXTENDER_PRIORITY, reason, _EMPTY, unresolvable)
 

@@ -790,8 +790,9 @@ class ClusterView:
     def _counted_already(self, obj: Mapping[str, Any], node: object) -> bool:
         """A running pod's status updates, most pod events, and the binding of a pod this view
         assumed there (its own binds): a pod this view counts on the node it is bound to, not
-        finished. Nothing to decode: its GPU requests cannot change (an in-place resize changes
-        CPU and memory only, which `extender.noderesources` reads)."""
+        finished; such a pod is recorded as bound there (`Ledger.bound`). Nothing to decode: its
+        GPU requests cannot change (an in-place resize changes CPU and memory only, which
+        `extender.noderesources` reads)."""
         uid = _meta(obj).get("uid")
         ledger = self.ledger
         if not uid:

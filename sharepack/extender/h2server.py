@@ -9,8 +9,8 @@ Why not the `h2` library: it implements every corner of the protocol in pure Pyt
 event object per frame, a state machine transition per stream event and every header checked
 twice, and cost the extender about 0.1 ms of CPU per request (`benchmarks/bench_transport.py`,
 `docs/scale.md`), as much as TLS and the event loop together. Here a request is a HEADERS
-frame (its header compression decoded by `extender.headerblocks`) and a DATA frame; a reply is three headers encoded from HPACK's static table
-(never into the dynamic table, so no table state is kept for them) and DATA frames.
+frame and a DATA frame, a reply a HEADERS frame and DATA frames; the header compression (HPACK)
+both ways is `extender.headerblocks`.
 
 Errors, as the RFC assigns them: a frame that breaks the connection's rules (a bad preface,
 a frame too large for our SETTINGS, a SETTINGS, PING or WINDOW_UPDATE of the wrong size or
@@ -81,39 +81,6 @@ class _Stream:
     pending: memoryview | None = None  # reply data waiting on a flow-control window
 
 
-def _integer(value: int, prefix_bits: int, first: int) -> bytes:
-    """HPACK's prefixed integer (RFC 7541 section 5.1), `first` holding the bits above the prefix."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name_index: int, value: bytes) -> bytes:
-    """A literal header field without indexing, its name from the static table (section 6.2.2),
-    its value not Huffman-coded."""
-    return _integer(name_index, 4, 0x00) + _integer(len(value), 7, 0x00) + value
-
-
-# The static table's indexes (RFC 7541 appendix A) of what a reply sends.
-_STATUS_INDEXED = {200: 8, 204: 9, 206: 10, 304: 11, 400: 12, 404: 13, 500: 14}
-_STATUS, _CONTENT_LENGTH, _CONTENT_TYPE = 8, 28, 31
-_TABLE_SIZE_ZERO = b"\x20"  # a dynamic table size update to 0: ours stays empty (section 6.3)
-
-
-def reply_headers(status: int, content_type: str, length: int) -> bytes:
-    """The header block of a reply: `:status`, `content-type`, `content-length`."""
-    indexed = _STATUS_INDEXED.get(status)
-    head = bytes((0x80 | indexed,)) if indexed else _literal(_STATUS, str(status).encode())
-    return head + _literal(_CONTENT_TYPE, content_type.encode("latin-1")) + _literal(_CONTENT_LENGTH, str(length).encode())
-
-
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return _HEAD.pack(len(payload) << 8 | kind, flags, stream_id) + payload
 
@@ -137,6 +104,7 @@ class ServerConnection:
         self._preface = False
         self._settled = False  # the client's first SETTINGS has arrived
         self._decoder = headerblocks.Decoder(max_list=max_header_bytes)
+        self._encoder = headerblocks.ReplyEncoder()
         self._block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments) awaiting CONTINUATION
         # Flow control. What we receive: the stream windows our SETTINGS give (`max_body`) and
         # the connection's, opened to twice that; both are topped up as data arrives.
@@ -147,7 +115,6 @@ class ServerConnection:
         self._peer_initial_window = DEFAULT_WINDOW
         self._peer_max_frame = DEFAULT_FRAME
         self._buffered = 0  # body bytes held over every stream still arriving
-        self._first_reply = True
 
     # -- output -----------------------------------------------------------------------------
 
@@ -178,10 +145,7 @@ class ServerConnection:
         s = self.streams.get(stream_id)
         if s is None:
             return False
-        block = reply_headers(status, content_type, len(body))
-        if self._first_reply:
-            block = _TABLE_SIZE_ZERO + block
-            self._first_reply = False
+        block = self._encoder.encode(status, content_type, len(body))
         self._out.append(frame(HEADERS, END_HEADERS | (0 if body else END_STREAM), stream_id, block))
         if body:
             s.pending = memoryview(body)

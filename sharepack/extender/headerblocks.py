@@ -1,4 +1,5 @@
-"""Decoding HTTP/2 header blocks (HPACK, RFC 7541) for `extender.h2server`.
+"""HTTP/2 header blocks (HPACK, RFC 7541) for `extender.h2server`: requests' decoded, replies'
+encoded.
 
 kube-scheduler sends two header blocks per pod it schedules through the extender (the filter's
 and the bind's). The `hpack` library's decoder is general (header tuple objects, text
@@ -10,6 +11,9 @@ What it checks: every index names an entry, integers and strings end inside the 
 Huffman strings decode, table size updates come first and stay within our limit, and the
 decoded list stays within `max_list` (RFC 7541 section 4.1's size: name, value and 32 bytes
 per field). Any violation raises `BlockError`, a connection error (COMPRESSION_ERROR).
+
+A reply's block is three fields from the static table, its values literal and never added to
+the dynamic table, so the encoder keeps no table: its first block says so (a size update to 0).
 """
 
 from __future__ import annotations
@@ -140,3 +144,52 @@ def _string(block: bytes, i: int) -> tuple[bytes, int]:
         return decode_huffman(raw), i + length
     except HPACKDecodingError as e:
         raise BlockError(f"a Huffman string that does not decode: {e}") from None
+
+
+# --- replies ----------------------------------------------------------------------------------
+
+
+def _static_index(name: bytes, value: bytes | None = None) -> int:
+    """The static table's index of `name` (with `value`, when given)."""
+    return 1 + next(i for i, (n, v) in enumerate(STATIC) if n == name and (value is None or v == value))
+
+
+_STATUS_INDEXED = {code: _static_index(b":status", str(code).encode()) for code in (200, 204, 206, 304, 400, 404, 500)}
+_STATUS, _CONTENT_TYPE, _CONTENT_LENGTH = _static_index(b":status"), _static_index(b"content-type"), _static_index(b"content-length")
+_TABLE_SIZE_ZERO = b"\x20"  # a dynamic table size update to 0 (section 6.3)
+
+
+def _encoded_integer(value: int, prefix_bits: int, first: int) -> bytes:
+    """RFC 7541 5.1's prefixed integer, `first` holding the bits above the prefix."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _literal(name_index: int, value: bytes) -> bytes:
+    """A literal field not added to the table (section 6.2.2), its name from the static table,
+    its value not Huffman-coded."""
+    return _encoded_integer(name_index, 4, 0x00) + _encoded_integer(len(value), 7, 0x00) + value
+
+
+class ReplyEncoder:
+    """One connection's reply blocks: `:status`, `content-type`, `content-length`."""
+
+    def __init__(self) -> None:
+        self._first = True
+
+    def encode(self, status: int, content_type: str, length: int) -> bytes:
+        indexed = _STATUS_INDEXED.get(status)
+        block = bytes((0x80 | indexed,)) if indexed else _literal(_STATUS, str(status).encode())
+        block += _literal(_CONTENT_TYPE, content_type.encode("latin-1")) + _literal(_CONTENT_LENGTH, str(length).encode())
+        if self._first:
+            self._first = False
+            return _TABLE_SIZE_ZERO + block
+        return block

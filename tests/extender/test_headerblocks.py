@@ -80,3 +80,16 @@ def test_a_header_list_over_the_limit_is_refused() -> None:
 def test_the_static_table_is_rfc_7541s() -> None:
     assert len(headerblocks.STATIC) == 61
     assert headerblocks.STATIC[1] == (b":method", b"GET") and headerblocks.STATIC[60] == (b"www-authenticate", b"")
+
+
+def test_replies_decode_as_their_three_fields_and_leave_no_table_state() -> None:
+    encoder = headerblocks.ReplyEncoder()
+    theirs = hpack.Decoder()
+    first = encoder.encode(200, "application/json", 12)
+    second = encoder.encode(429, "text/plain; charset=utf-8", 70000)
+    assert first[:1] == b"\x20" and second[:1] != b"\x20"  # the table size update once, first
+    assert theirs.decode(first, raw=True) == [(b":status", b"200"), (b"content-type", b"application/json"),
+                                              (b"content-length", b"12")]  # fmt: skip
+    assert theirs.decode(second, raw=True) == [(b":status", b"429"), (b"content-type", b"text/plain; charset=utf-8"),
+                                               (b"content-length", b"70000")]  # fmt: skip
+    assert len(theirs.header_table.dynamic_entries) == 0
